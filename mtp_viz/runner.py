@@ -1,0 +1,202 @@
+"""The thin runner between callers (CLI, UI, benchmarks) and strategies.
+
+It resolves names to models and settings, warms the models up, runs a strategy's step generator
+while timing it, attaches token texts, and assembles the Trace. It holds no decoding logic.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+from mtp_viz.clock import Clock
+from mtp_viz.detok import TextTracker
+from mtp_viz.errors import InvalidSettingsError, UserError
+from mtp_viz.models import LoadedModel, encode_prompt, load_model, resolve_device, shared_vocab_size
+from mtp_viz.registry import load_registry
+from mtp_viz.strategies import get_strategy
+from mtp_viz.strategies.base import DecodeContext, GenerationSettings
+from mtp_viz.trace import STOP_CANCELLED, STOP_EOS, STOP_MAX_NEW_TOKENS, Step, Trace
+
+MAX_PROMPT_CHARS = 32_000
+RECORD_FULL = "full"
+RECORD_MINIMAL = "minimal"  # no token texts, no probabilities: to measure what tracing costs
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    prompt: str | None = None  # text, or give prompt_ids
+    prompt_ids: tuple[int, ...] | None = None
+    model: str | None = None  # registry id or local model directory; None: the device's default
+    strategy: str = "autoregressive"
+    draft: str | None = None  # None: the model's first registered draft, if the strategy needs one
+    raw: bool = False  # True: no chat template
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
+    strategy_settings: dict[str, Any] = field(default_factory=dict)
+    device: str | None = None
+    dtype: str | None = None
+    record: str = RECORD_FULL
+
+
+def build_strategy_settings(strategy: str, values: dict[str, Any]):
+    """Keyword values → the strategy's frozen settings; unknown keys are an error."""
+    spec = get_strategy(strategy)
+    known = {f.name for f in fields(spec.settings_cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        allowed = ", ".join(sorted(known)) or "none"
+        raise InvalidSettingsError(f"strategy {strategy} has no setting {', '.join(unknown)} (settings: {allowed})")
+    return spec.settings_cls(**values)
+
+
+class Run:
+    """One decoding run. Iterate `steps()` to stream; afterwards `trace` holds the result."""
+
+    def __init__(self, request: RunRequest):
+        self.request = request
+        self.spec = get_strategy(request.strategy)
+        self.settings = build_strategy_settings(request.strategy, request.strategy_settings)
+        if request.record not in (RECORD_FULL, RECORD_MINIMAL):
+            raise InvalidSettingsError(f"record must be {RECORD_FULL} or {RECORD_MINIMAL}")
+        device = resolve_device(request.device)
+        model_name = request.model or load_registry().default_for(device.type)
+        self.target = load_model(model_name, request.device, request.dtype)
+        self.draft = self._load_draft(model_name) if self.spec.needs_draft else None
+        self.vocab_size = (
+            shared_vocab_size(self.target, self.draft) if self.draft else self.target.model.config.vocab_size
+        )
+        self.prompt_ids = self._prompt_ids()
+        self._check_length()
+        self.trace: Trace | None = None
+        self._cancelled = False
+
+    def _load_draft(self, model_name: str) -> LoadedModel:
+        name = self.request.draft
+        if name is None:
+            entry = load_registry().models.get(model_name)
+            if entry is None or not entry.drafts:
+                raise UserError(f"strategy {self.spec.name} needs a draft model; none is registered for "
+                                f"{model_name}, so name one with --draft")  # fmt: skip
+            name = entry.drafts[0]
+        return load_model(name, self.request.device, self.request.dtype)
+
+    def _prompt_ids(self) -> list[int]:
+        r = self.request
+        if r.prompt_ids is not None:
+            ids = [int(t) for t in r.prompt_ids]
+            if not ids or any(t < 0 or t >= self.vocab_size for t in ids):
+                raise UserError(f"prompt_ids must be a non-empty list of ids below {self.vocab_size}")
+            return ids
+        if r.prompt is None or not r.prompt.strip():
+            raise UserError("the prompt is empty")
+        if len(r.prompt) > MAX_PROMPT_CHARS:
+            raise UserError(f"the prompt has {len(r.prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
+        return encode_prompt(self.target, r.prompt, raw=r.raw)
+
+    def _check_length(self) -> None:
+        limit = getattr(self.target.model.config, "max_position_embeddings", None)
+        needed = len(self.prompt_ids) + self.request.generation.max_new_tokens
+        if limit and needed > limit:
+            raise UserError(f"prompt ({len(self.prompt_ids)} tokens) plus max_new_tokens "
+                            f"({self.request.generation.max_new_tokens}) exceeds the model's context of {limit}")  # fmt: skip
+
+    def cancel(self) -> None:
+        """Stop after the step in progress; the strategy's caches are released."""
+        self._cancelled = True
+
+    def steps(self) -> Iterator[Step]:
+        gen = self.request.generation
+        device = self.target.device
+        clock = Clock(device)
+        generator = None
+        if not gen.warp.greedy:
+            generator = torch.Generator(device=device).manual_seed(gen.seed)
+        ctx = DecodeContext(
+            target=self.target.model,
+            draft=self.draft.model if self.draft else None,
+            prompt_ids=self.prompt_ids,
+            generation=gen,
+            eos_token_ids=self.target.eos_token_ids,
+            vocab_size=self.vocab_size,
+            clock=clock,
+            generator=generator,
+            record_probs=self.request.record == RECORD_FULL,
+        )
+        texts = TextTracker(self.target.tokenizer, self.prompt_ids) if self._records_text else None
+        for m in (self.target, self.draft):
+            if m is not None:
+                _warm_up(m, self.prompt_ids)
+        steps: list[Step] = []
+        paused = 0.0
+        stop_reason = STOP_MAX_NEW_TOKENS
+        strategy = self.spec.run(ctx, self.settings)
+        start = last = clock.now()
+        try:
+            for step in strategy:
+                if texts is not None:
+                    _attach_text(step, texts)
+                steps.append(step)
+                last = clock.now()
+                yield step
+                paused += clock.now() - last  # time the consumer held the stream is not decoding
+                if self._cancelled:
+                    stop_reason = STOP_CANCELLED
+                    break
+        finally:
+            strategy.close()
+        if stop_reason != STOP_CANCELLED and ctx.output and ctx.output[-1] in ctx.eos_token_ids:
+            stop_reason = STOP_EOS
+        self.trace = self._trace(steps, ctx.output, last - start - paused, stop_reason)
+
+    @property
+    def _records_text(self) -> bool:
+        return self.target.tokenizer is not None and self.request.record == RECORD_FULL
+
+    def _trace(self, steps: list[Step], output: list[int], wall: float, stop_reason: str) -> Trace:
+        r = self.request
+        tok = self.target.tokenizer
+        settings = {
+            **{f.name: getattr(r.generation, f.name) for f in fields(r.generation)},
+            **{f.name: getattr(self.settings, f.name) for f in fields(self.settings)},
+            "raw": r.raw,
+            "eos_token_ids": sorted(self.target.eos_token_ids),
+            "record": r.record,
+        }
+        return Trace(
+            strategy=self.spec.name,
+            model=self.target.name,
+            draft_model=self.draft.name if self.draft else None,
+            settings=settings,
+            prompt_token_ids=list(self.prompt_ids),
+            output_token_ids=list(output),
+            steps=steps,
+            wall_time_s=wall,
+            stop_reason=stop_reason,
+            output_text=tok.decode(output, skip_special_tokens=False) if tok is not None else "",
+            prompt_text=r.prompt or "",
+            device=str(self.target.device),
+            dtype=self.target.dtype,
+        )
+
+
+def run(request: RunRequest) -> Trace:
+    """Run to the end and return the trace."""
+    r = Run(request)
+    for _ in r.steps():
+        pass
+    return r.trace
+
+
+def _attach_text(step: Step, texts: TextTracker) -> None:
+    if step.drafted:
+        for d, t in zip(step.drafted, texts.peek([d.token_id for d in step.drafted]), strict=True):
+            d.text = t
+    for e, t in zip(step.emitted, texts.commit([e.token_id for e in step.emitted]), strict=True):
+        e.text = t
+
+
+@torch.inference_mode()
+def _warm_up(loaded: LoadedModel, prompt_ids: list[int]) -> None:
+    """One short forward outside the timed region (allocations, lazy kernels)."""
+    loaded.model(torch.tensor([prompt_ids[:2]], device=loaded.device), use_cache=False)

@@ -1,0 +1,14 @@
+"""The strategy registry: stable name → StrategySpec (settings class, run function)."""
+
+from mtp_viz.errors import UnknownStrategyError
+from mtp_viz.strategies import autoregressive, prompt_lookup, speculative
+from mtp_viz.strategies.base import StrategySpec
+
+STRATEGIES: dict[str, StrategySpec] = {s.SPEC.name: s.SPEC for s in (autoregressive, speculative, prompt_lookup)}
+
+
+def get_strategy(name: str) -> StrategySpec:
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise UnknownStrategyError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}") from None

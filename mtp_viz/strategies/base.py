@@ -1,0 +1,182 @@
+"""What every strategy shares: generation settings, the decoding context, chain verification.
+
+A strategy is a generator `run(ctx, settings) -> Iterator[Step]` that yields one Step per target
+forward, as it happens. It knows its algorithm and nothing about the UI.
+"""
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from mtp_viz.clock import Clock
+from mtp_viz.errors import InvalidSettingsError
+from mtp_viz.sampling import Warp, probs_from_logits, sample, verify_greedy, verify_sampling
+from mtp_viz.trace import (
+    ACCEPTED,
+    AUTOREGRESSIVE,
+    VERDICT_ACCEPTED,
+    VERDICT_REJECTED,
+    VERDICT_SKIPPED,
+    DraftToken,
+    EmittedToken,
+    Step,
+)
+
+MAX_NEW_TOKENS_LIMIT = 4096
+MAX_TOP_K = 1_000_000
+MAX_TEMPERATURE = 100.0
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1.0: off
+    seed: int = 0
+
+    def __post_init__(self):
+        _check_int("max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS_LIMIT)
+        _check_float("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        _check_int("top_k", self.top_k, 0, MAX_TOP_K)
+        _check_float("top_p", self.top_p, 0.0, 1.0)
+        if self.top_p == 0.0:
+            raise InvalidSettingsError("top_p must be in (0, 1]; use temperature 0 for greedy decoding")
+        _check_int("seed", self.seed, 0, 2**63 - 1)
+
+    @property
+    def warp(self) -> Warp:
+        return Warp(self.temperature, self.top_k, self.top_p)
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSettingsError(f"{name} must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise InvalidSettingsError(f"{name} must be between {low} and {high}, got {value}")
+
+
+def _check_float(name: str, value: Any, low: float, high: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidSettingsError(f"{name} must be a finite number, got {value!r}")
+    if not low <= value <= high:
+        raise InvalidSettingsError(f"{name} must be between {low} and {high}, got {value}")
+
+
+@dataclass
+class DecodeContext:
+    """Everything a strategy needs for one run. Batch size 1 by design."""
+
+    target: PreTrainedModel
+    prompt_ids: list[int]
+    generation: GenerationSettings
+    eos_token_ids: frozenset[int]
+    vocab_size: int  # shared by target and draft; wider logits (padding) are cut to this
+    clock: Clock
+    generator: torch.Generator | None = None
+    draft: PreTrainedModel | None = None
+    record_probs: bool = True  # False: minimal recording, for measuring what tracing costs
+    output: list[int] = field(default_factory=list)
+
+    @property
+    def warp(self) -> Warp:
+        return self.generation.warp
+
+    @property
+    def remaining(self) -> int:
+        return self.generation.max_new_tokens - len(self.output)
+
+    @property
+    def done(self) -> bool:
+        return self.remaining <= 0 or (bool(self.output) and self.output[-1] in self.eos_token_ids)
+
+    @property
+    def seq(self) -> list[int]:
+        return self.prompt_ids + self.output
+
+    def clip(self, tokens: list[int]) -> list[int]:
+        """Cut a block of new tokens exactly where autoregressive decoding would stop: after the
+        first EOS, or at the token budget."""
+        tokens = tokens[: self.remaining]
+        for i, t in enumerate(tokens):
+            if t in self.eos_token_ids:
+                return tokens[: i + 1]
+        return tokens
+
+    def next_token(self, logits: torch.Tensor) -> tuple[int, float | None]:
+        """The target's own next token from logits (V,): argmax, or a draw from the warped probs."""
+        if self.warp.greedy:
+            token = int(torch.argmax(logits))
+            p = float(torch.softmax(logits, -1)[token]) if self.record_probs else None
+            return token, p
+        probs = probs_from_logits(logits, self.warp)
+        token = sample(probs, self.generator)
+        return token, float(probs[token])
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    name: str
+    settings_cls: type
+    run: Callable[[DecodeContext, Any], Iterator[Step]]
+    needs_draft: bool
+    lossless: bool
+    summary: str
+
+
+@dataclass
+class ChainResult:
+    """A verified chain draft, ready to commit."""
+
+    tokens: list[int]  # what to emit, already clipped at EOS / budget
+    emitted: list[EmittedToken]
+    verdicts: list[str]
+    target_p: list[float | None]
+    draws: list[float | None]
+
+
+def verify_chain(
+    ctx: DecodeContext,
+    target_logits: torch.Tensor,
+    draft_ids: list[int],
+    q_draft: torch.Tensor | None,
+) -> ChainResult:
+    """Verify a chain of drafted tokens against the target's logits after each prefix.
+
+    target_logits: (k+1, V). q_draft: (k, V) drafter distributions, or None for a deterministic
+    drafter (n-gram lookup), which is a point mass on each drafted token.
+    """
+    k = len(draft_ids)
+    if ctx.warp.greedy:
+        verdict = verify_greedy(target_logits.argmax(-1).tolist(), draft_ids)
+        p_target = torch.softmax(target_logits, -1) if ctx.record_probs else None
+    else:
+        p_target = probs_from_logits(target_logits, ctx.warp)  # (k+1, V)
+        if q_draft is None:
+            q_draft = torch.zeros_like(p_target[:k]).scatter_(
+                -1, torch.tensor(draft_ids, dtype=torch.long, device=p_target.device)[:, None], 1.0
+            )
+        verdict = verify_sampling(p_target, q_draft, draft_ids, ctx.generator)
+    tokens = ctx.clip(draft_ids[: verdict.accepted] + [verdict.next_token])
+    kept = min(verdict.accepted, len(tokens))
+    verdicts = [VERDICT_ACCEPTED] * kept + [VERDICT_SKIPPED] * (k - kept)
+    if kept == verdict.accepted < k:
+        verdicts[kept] = VERDICT_REJECTED
+    p_list: list[float | None] = [None] * k
+    p_next = None
+    if p_target is not None:
+        p_list = p_target[torch.arange(k, device=p_target.device), draft_ids].tolist() if k else []
+        p_next = float(p_target[verdict.accepted, verdict.next_token])
+    emitted = [EmittedToken(t, ACCEPTED, p_list[i]) for i, t in enumerate(tokens[:kept])]
+    if len(tokens) > kept:
+        emitted.append(EmittedToken(tokens[kept], verdict.next_origin if k else AUTOREGRESSIVE, p_next))
+    draws = verdict.draws + [None] * (k - len(verdict.draws))
+    return ChainResult(tokens, emitted, verdicts, p_list, draws)
+
+
+def chain_drafts(ids: list[int], source: str, q: list[float | None]) -> list[DraftToken]:
+    return [DraftToken(t, source, qi) for t, qi in zip(ids, q, strict=True)]

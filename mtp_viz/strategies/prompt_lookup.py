@@ -1,0 +1,97 @@
+"""Prompt lookup decoding (Saxena 2023): draft by n-gram match against the text so far.
+
+The last n tokens (n from `max_ngram_size` down to 1) are looked up in the prompt and the output;
+the tokens that followed the first earlier occurrence become the draft, which the target verifies
+in one forward. When nothing matches the step is a plain autoregressive forward, so a prompt with
+nothing to copy costs what autoregressive decoding costs.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from mtp_viz.cache import CachedModel
+from mtp_viz.errors import InvalidSettingsError
+from mtp_viz.strategies.base import DecodeContext, StrategySpec, chain_drafts, verify_chain
+from mtp_viz.trace import Step
+
+NAME = "prompt_lookup"
+MAX_DRAFT_TOKENS = 64
+MAX_NGRAM_SIZE = 16
+NGRAM_SOURCE = "ngram"
+
+
+@dataclass(frozen=True)
+class PromptLookupSettings:
+    num_draft_tokens: int = 10
+    max_ngram_size: int = 3
+
+    def __post_init__(self):
+        for name, value, high in (("num_draft_tokens", self.num_draft_tokens, MAX_DRAFT_TOKENS),
+                                  ("max_ngram_size", self.max_ngram_size, MAX_NGRAM_SIZE)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+                raise InvalidSettingsError(f"{name} must be an integer from 1 to {high}, got {value!r}")
+
+
+def find_draft(seq: np.ndarray, max_ngram_size: int, k: int) -> tuple[list[int], int, int]:
+    """Tokens following the first earlier occurrence of the longest matching suffix n-gram.
+
+    Returns (draft ids, n-gram size matched, start of the match); ([], 0, -1) when nothing matches.
+    """
+    length = len(seq)
+    for n in range(min(max_ngram_size, length - 1), 0, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(seq[: length - 1], n)  # (L-n, n)
+        hits = np.flatnonzero((windows == seq[length - n :]).all(axis=1))
+        if hits.size:
+            start = int(hits[0])
+            return seq[start + n : start + n + k].tolist(), n, start
+    return [], 0, -1
+
+
+def run(ctx: DecodeContext, settings: PromptLookupSettings) -> Iterator[Step]:
+    target = CachedModel(ctx.target, ctx.vocab_size)
+    index = 0
+    while not ctx.done:
+        start = ctx.clock.now()
+        seq = ctx.seq
+        k = min(settings.num_draft_tokens, ctx.remaining - 1)
+        # propose: copy what followed the same n-gram earlier
+        ids, n, match = find_draft(np.asarray(seq), settings.max_ngram_size, k) if k else ([], 0, -1)
+        drafted = ctx.clock.now()
+        # verify: one target forward (a plain autoregressive one when nothing matched)
+        fed = len(seq) + len(ids) - target.length
+        logits = target.forward(seq + ids, logits_to_keep=len(ids) + 1)  # (len(ids)+1, V)
+        verified = ctx.clock.now()
+        # accept: the longest prefix the target agrees with, then its own token
+        result = verify_chain(ctx, logits, ids, None)
+        # commit
+        ctx.output.extend(result.tokens)
+        target.rollback(len(ctx.seq) - 1)
+        end = ctx.clock.now()
+        yield Step(
+            index=index,
+            emitted=result.emitted,
+            drafted=chain_drafts(ids, NGRAM_SOURCE, [1.0] * len(ids)),
+            verdicts=result.verdicts,
+            target_p=result.target_p,
+            draws=result.draws,
+            draft_s=drafted - start,
+            verify_s=verified - drafted,
+            step_s=end - start,
+            target_forwards=1,
+            input_tokens=fed,
+            kv_len=target.length,
+            extra={"ngram_size": n, "match_start": match},
+        )
+        index += 1
+
+
+SPEC = StrategySpec(
+    name=NAME,
+    settings_cls=PromptLookupSettings,
+    run=run,
+    needs_draft=False,
+    lossless=True,
+    summary="Drafts by copying what followed the last n-gram earlier in the prompt or output.",
+)

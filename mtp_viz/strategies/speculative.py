@@ -1,0 +1,103 @@
+"""Speculative decoding with a draft model (Leviathan et al. 2023; Chen et al. 2023).
+
+Each step the draft proposes up to k tokens one by one; the target scores all of them in one
+forward; the longest acceptable prefix is kept, then one token from the target (resampled at the
+first rejection, or a bonus token when all were accepted). Lossless in greedy and sampling mode.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from mtp_viz.cache import CachedModel
+from mtp_viz.errors import InvalidSettingsError
+from mtp_viz.sampling import probs_from_logits, sample
+from mtp_viz.strategies.base import DecodeContext, StrategySpec, chain_drafts, verify_chain
+from mtp_viz.trace import Step
+
+NAME = "speculative"
+MAX_DRAFT_TOKENS = 64
+DRAFT_SOURCE = "draft_model"
+
+
+@dataclass(frozen=True)
+class SpeculativeSettings:
+    num_draft_tokens: int = 5
+
+    def __post_init__(self):
+        k = self.num_draft_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_DRAFT_TOKENS:
+            raise InvalidSettingsError(f"num_draft_tokens must be an integer from 1 to {MAX_DRAFT_TOKENS}, got {k!r}")
+
+
+def propose(ctx: DecodeContext, draft: CachedModel, k: int) -> tuple[list[int], torch.Tensor | None, list]:
+    """Draft k tokens autoregressively. Returns ids, the warped draft distributions (k, V) when
+    sampling (None when greedy), and the probability q of each drafted token."""
+    seq = ctx.seq
+    ids: list[int] = []
+    dists = []
+    q: list[float | None] = []
+    for _ in range(k):
+        logits = draft.forward(seq + ids)[-1]  # (V,)
+        if ctx.warp.greedy:
+            token = int(torch.argmax(logits))
+            q.append(float(torch.softmax(logits, -1)[token]) if ctx.record_probs else None)
+        else:
+            probs = probs_from_logits(logits, ctx.warp)
+            token = sample(probs, ctx.generator)
+            dists.append(probs)
+            q.append(float(probs[token]))
+        ids.append(token)
+    return ids, (torch.stack(dists) if dists else None), q
+
+
+def run(ctx: DecodeContext, settings: SpeculativeSettings) -> Iterator[Step]:
+    target = CachedModel(ctx.target, ctx.vocab_size)
+    draft = CachedModel(ctx.draft, ctx.vocab_size)
+    index = 0
+    while not ctx.done:
+        start = ctx.clock.now()
+        draft_forwards = draft.forwards
+        k = min(settings.num_draft_tokens, ctx.remaining - 1)  # never draft past the budget
+        # propose: the draft guesses k tokens
+        ids, q_draft, q = propose(ctx, draft, k)
+        drafted = ctx.clock.now()
+        # verify: one target forward scores every prefix of the guess
+        fed = len(ctx.seq) + k - target.length
+        logits = target.forward(ctx.seq + ids, logits_to_keep=k + 1)  # (k+1, V)
+        verified = ctx.clock.now()
+        # accept: keep the longest acceptable prefix, then the target's own token
+        result = verify_chain(ctx, logits, ids, q_draft)
+        # commit: extend the output, forget the key/values of rejected positions
+        ctx.output.extend(result.tokens)
+        target.rollback(len(ctx.seq) - 1)
+        draft.rollback(len(ctx.seq) - 1)
+        end = ctx.clock.now()
+        yield Step(
+            index=index,
+            emitted=result.emitted,
+            drafted=chain_drafts(ids, DRAFT_SOURCE, q),
+            verdicts=result.verdicts,
+            target_p=result.target_p,
+            draws=result.draws,
+            draft_s=drafted - start,
+            verify_s=verified - drafted,
+            step_s=end - start,
+            target_forwards=1,
+            draft_forwards=draft.forwards - draft_forwards,
+            input_tokens=fed,
+            kv_len=target.length,
+            extra={"draft_len": k},
+        )
+        index += 1
+
+
+SPEC = StrategySpec(
+    name=NAME,
+    settings_cls=SpeculativeSettings,
+    run=run,
+    needs_draft=True,
+    lossless=True,
+    summary="A small draft model proposes k tokens; the target verifies them in one forward.",
+)
