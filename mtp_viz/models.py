@@ -127,7 +127,7 @@ def _load_entry(entry: ModelEntry, device: torch.device, dtype: torch.dtype) -> 
             reasons.append(f"{source.kind}: {why}")
             continue
         log.info("loading %s from %s", entry.id, path)
-        model, tok = _from_dir(path, device, dtype) if Path(path).is_dir() else _from_hub(path, device, dtype)
+        model, tok = _from_dir(Path(path), device, dtype) if Path(path).is_dir() else _from_hub(path, device, dtype)
         return _wrap(entry.id, model, tok, chat=entry.chat, source=f"{source.kind}:{path}")
     raise UnknownModelError(f"model {entry.id!r} could not be loaded from any source ({'; '.join(reasons)})")
 

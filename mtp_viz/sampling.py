@@ -52,8 +52,11 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 
 def acceptance_probability(p_target: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:
-    """min(1, p/q) elementwise: the chance of keeping a drafted token (Leviathan et al., Chen et al.)."""
-    return torch.clamp(p_target / q_draft, max=1.0)
+    """min(1, p/q) elementwise: the chance of keeping a drafted token (Leviathan et al., Chen et al.).
+
+    Tokens the drafter cannot propose (q = 0) get 1; they are never drafted.
+    """
+    return torch.where(q_draft > 0, torch.clamp(p_target / q_draft, max=1.0), 1.0)
 
 
 def residual_distribution(p_target: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,119 @@
+"""Command line: `python -m mtp_viz run|check-distribution ...`."""
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from mtp_viz.errors import UserError
+from mtp_viz.strategies import STRATEGIES
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="registry id or local model directory (default: the device's default)")
+    p.add_argument("--draft", help="draft model: registry id or local directory")
+    p.add_argument("--strategy", default="autoregressive", help=f"one of: {', '.join(STRATEGIES)}")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--raw", action="store_true", help="feed the prompt without the chat template")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-draft-tokens", type=int, help="tokens drafted per step (speculative, prompt_lookup)")
+    p.add_argument("--max-ngram-size", type=int, help="longest n-gram matched (prompt_lookup)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mtp_viz", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="decode one prompt with one strategy and write its trace")
+    _add_common(run)
+    run.add_argument("--max-new-tokens", type=int, default=128)
+    run.add_argument("--trace-out", type=Path, help="where to write the trace JSON")
+    run.add_argument("--record", choices=("full", "minimal"), default="full")
+    dist = sub.add_parser("check-distribution", help="sample K times with AR and with a strategy; test they agree")
+    _add_common(dist)
+    dist.add_argument("--tokens", type=int, default=2, help="tokens sampled per run")
+    dist.add_argument("--samples", type=int, default=200)
+    dist.add_argument("--out", type=Path, required=True)
+    return parser
+
+
+def _request(args, max_new_tokens: int, default_temperature: float):
+    from mtp_viz.runner import RunRequest
+    from mtp_viz.strategies.base import GenerationSettings
+
+    strategy_settings = {}
+    if args.num_draft_tokens is not None:
+        strategy_settings["num_draft_tokens"] = args.num_draft_tokens
+    if args.max_ngram_size is not None:
+        strategy_settings["max_ngram_size"] = args.max_ngram_size
+    temperature = default_temperature if args.temperature is None else args.temperature
+    return RunRequest(
+        prompt=args.prompt,
+        model=args.model,
+        strategy=args.strategy,
+        draft=args.draft,
+        raw=args.raw,
+        generation=GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature,
+                                      top_k=args.top_k, top_p=args.top_p, seed=args.seed),  # fmt: skip
+        strategy_settings=strategy_settings,
+        device=args.device,
+        dtype=args.dtype,
+        record=getattr(args, "record", "full"),
+    )
+
+
+def _cmd_run(args) -> None:
+    from mtp_viz.runner import run
+
+    trace = run(_request(args, args.max_new_tokens, 0.0))
+    s = trace.summary
+    draft = f" + draft {trace.draft_model}" if trace.draft_model else ""
+    print(f"{trace.strategy} on {trace.model}{draft} ({trace.device}, {trace.dtype})")
+    print(f"  {s['new_tokens']} tokens in {s['wall_time_s']:.2f} s = {s['tokens_per_s']:.1f} tokens/s, "
+          f"{s['target_forwards']} target forwards, mean accepted tokens {s['mean_accepted_tokens']:.2f}")  # fmt: skip
+    if s["drafted_tokens"]:
+        print(f"  acceptance {s['acceptance_rate']:.1%} of {s['drafted_tokens']} drafted tokens")
+    print(f"  stop: {trace.stop_reason}")
+    print(trace.output_text)
+    if args.trace_out:
+        trace.save(args.trace_out)
+        print(f"trace written to {args.trace_out}")
+
+
+def _cmd_check_distribution(args) -> None:
+    from mtp_viz.quality import check_distribution
+
+    if args.samples < 2 or args.samples > 100_000:
+        raise UserError("--samples must be between 2 and 100000")
+    result = check_distribution(_request(args, args.tokens, 1.0), args.samples)
+    args.out.write_text(json.dumps(result, indent=1))
+    v = result["verdict"]
+    for name, t in v["first_token_vs_exact"].items():
+        print(f"first token, {name} vs exact target distribution: p = {t['p_value']:.3g} ({t['verdict']})")
+    if "sequences_two_sample" in v:
+        t = v["sequences_two_sample"]
+        print(f"first {args.tokens} tokens, autoregressive vs {args.strategy}: p = {t['p_value']:.3g} ({t['verdict']})")
+    print(f"verdict: {v['overall']}; samples written to {args.out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    args = _parser().parse_args(argv)
+    try:
+        {"run": _cmd_run, "check-distribution": _cmd_check_distribution}[args.command](args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

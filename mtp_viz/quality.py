@@ -1,0 +1,132 @@
+"""Is a strategy lossless? Token identity for greedy runs, distribution tests for sampling."""
+
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy import stats
+
+from mtp_viz.sampling import probs_from_logits
+from mtp_viz.strategies.base import GenerationSettings
+
+ALPHA = 1e-3  # significance level of the verdicts
+MIN_EXPECTED = 5.0  # cells expected fewer times are pooled, as chi-square tests require
+
+
+@dataclass(frozen=True)
+class TestResult:
+    test: str
+    statistic: float
+    dof: int
+    p_value: float
+
+    @property
+    def consistent(self) -> bool:
+        return self.p_value >= ALPHA
+
+    def as_dict(self) -> dict:
+        verdict = "consistent" if self.consistent else "different"
+        return {"test": self.test, "statistic": self.statistic, "dof": self.dof, "p_value": self.p_value,
+                "alpha": ALPHA, "verdict": verdict}  # fmt: skip
+
+
+def goodness_of_fit(samples: Sequence[Hashable], probs: dict[Hashable, float]) -> TestResult:
+    """Chi-square test of samples against an exactly known distribution (outcome → probability)."""
+    n = len(samples)
+    counts = Counter(samples)
+    if set(counts) - set(probs):
+        # An outcome the distribution gives probability 0: impossible under it.
+        return TestResult("chi-square goodness of fit", float("inf"), 0, 0.0)
+    big = [o for o, p in probs.items() if p * n >= MIN_EXPECTED]
+    observed = [counts[o] for o in big]
+    expected = [probs[o] * n for o in big]
+    rest_exp = n - sum(expected)
+    if rest_exp >= 1e-9 * n:
+        observed.append(n - sum(observed))
+        expected.append(rest_exp)
+    if len(observed) < 2:
+        return TestResult("chi-square goodness of fit", 0.0, 0, 1.0)
+    expected = np.asarray(expected) * (n / sum(expected))  # absorb float rounding
+    stat, p = stats.chisquare(observed, expected)
+    return TestResult("chi-square goodness of fit", float(stat), len(observed) - 1, float(p))
+
+
+def two_sample(a: Sequence[Hashable], b: Sequence[Hashable]) -> TestResult:
+    """Chi-square test that two samples come from one distribution (rare outcomes pooled)."""
+    ca, cb = Counter(a), Counter(b)
+    total = len(a) + len(b)
+    share_a = len(a) / total
+    outcomes = sorted(set(ca) | set(cb), key=lambda o: -(ca[o] + cb[o]))
+    big = [o for o in outcomes if (ca[o] + cb[o]) * min(share_a, 1 - share_a) >= MIN_EXPECTED]
+    table = [[ca[o] for o in big], [cb[o] for o in big]]
+    rest = [len(a) - sum(table[0]), len(b) - sum(table[1])]
+    if sum(rest):
+        table[0].append(rest[0])
+        table[1].append(rest[1])
+    if len(table[0]) < 2:
+        return TestResult("chi-square two-sample", 0.0, 0, 1.0)
+    res = stats.chi2_contingency(np.asarray(table), correction=False)
+    return TestResult("chi-square two-sample", float(res.statistic), int(res.dof), float(res.pvalue))
+
+
+def first_token_distribution(model, prompt_ids: list[int], generation: GenerationSettings, vocab_size: int):
+    """The exact warped distribution of the first new token: {token id: probability}."""
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt_ids], device=model.device)).logits[0, -1, :vocab_size].float()
+    probs = probs_from_logits(logits, generation.warp).cpu()
+    nz = torch.nonzero(probs).flatten().tolist()
+    return {t: float(probs[t]) for t in nz}
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first position where two token sequences differ, or None if identical."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def check_distribution(request, samples: int) -> dict:
+    """Sample `request.generation.max_new_tokens` tokens `samples` times with autoregressive
+    sampling and with `request.strategy` (seeds seed, seed+1, ...), and test that they agree.
+
+    Returns {"autoregressive": [[ids...], ...], "<strategy>": [[ids...], ...], "verdict": {...}}.
+    """
+    from dataclasses import replace
+
+    from mtp_viz.runner import Run
+
+    if request.generation.warp.greedy:
+        from mtp_viz.errors import InvalidSettingsError
+
+        raise InvalidSettingsError("the distribution check needs sampling: set a temperature above 0")
+    out: dict = {}
+    runs = {}
+    for strategy in dict.fromkeys(("autoregressive", request.strategy)):
+        outputs = []
+        for i in range(samples):
+            gen = replace(request.generation, seed=request.generation.seed + i)
+            run = Run(replace(request, strategy=strategy, generation=gen,
+                              strategy_settings=request.strategy_settings if strategy == request.strategy else {}))  # fmt: skip
+            for _ in run.steps():
+                pass
+            outputs.append(run.trace.output_token_ids)
+        out[strategy] = outputs
+        runs[strategy] = run
+    run = runs[request.strategy]
+    exact = first_token_distribution(run.target.model, run.prompt_ids, request.generation, run.vocab_size)
+    verdict = {
+        "first_token_vs_exact": {s: goodness_of_fit([o[0] for o in outs], exact).as_dict() for s, outs in out.items()},
+    }
+    if request.strategy != "autoregressive":
+        verdict["sequences_two_sample"] = two_sample(
+            [tuple(o) for o in out["autoregressive"]], [tuple(o) for o in out[request.strategy]]
+        ).as_dict()
+    tests = [v for v in verdict["first_token_vs_exact"].values()] + (
+        [verdict["sequences_two_sample"]] if "sequences_two_sample" in verdict else []
+    )
+    verdict["overall"] = "consistent" if all(t["verdict"] == "consistent" for t in tests) else "different"
+    out["verdict"] = verdict
+    return out

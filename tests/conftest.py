@@ -1,0 +1,127 @@
+"""Tiny random models built from a config here, so engine tests need no weights and no network."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from mtp_viz.clock import Clock
+from mtp_viz.strategies import STRATEGIES
+from mtp_viz.strategies.base import DecodeContext, GenerationSettings
+
+TINY_CONFIGS = {
+    "llama-2l": (LlamaForCausalLM, LlamaConfig, dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                     num_key_value_heads=2, intermediate_size=64)),
+    "llama-3l-mha": (LlamaForCausalLM, LlamaConfig, dict(hidden_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                                         num_key_value_heads=4, intermediate_size=96)),
+    "qwen2-2l": (Qwen2ForCausalLM, Qwen2Config, dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                     num_key_value_heads=2, intermediate_size=64)),
+}  # fmt: skip
+
+
+def tiny_model(name: str = "llama-2l", seed: int = 0, vocab_size: int = 96, **overrides):
+    model_cls, config_cls, kw = TINY_CONFIGS[name]
+    torch.manual_seed(seed)
+    config = config_cls(vocab_size=vocab_size, max_position_embeddings=512, tie_word_embeddings=False,
+                        bos_token_id=None, eos_token_id=None, pad_token_id=None, **{**kw, **overrides})  # fmt: skip
+    return model_cls(config).eval()
+
+
+def perturbed(model, noise: float, seed: int = 1):
+    """A draft that agrees with `model` often but not always: weights + relative Gaussian noise."""
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise * p.std())
+    return draft
+
+
+def decode(model, strategy: str, prompt_ids, generation=None, draft=None, eos=(), vocab_size=None, **settings):
+    """Run a strategy directly on a model; returns (output ids, steps)."""
+    generation = generation or GenerationSettings(max_new_tokens=32)
+    spec = STRATEGIES[strategy]
+    ctx = DecodeContext(
+        target=model,
+        draft=draft,
+        prompt_ids=list(prompt_ids),
+        generation=generation,
+        eos_token_ids=frozenset(eos),
+        vocab_size=vocab_size or model.config.vocab_size,
+        clock=Clock(),
+        generator=None if generation.warp.greedy else torch.Generator().manual_seed(generation.seed),
+    )
+    steps = list(spec.run(ctx, spec.settings_cls(**settings)))
+    return ctx.output, steps
+
+
+def hf_greedy(model, prompt_ids, max_new_tokens: int, eos=None) -> list[int]:
+    """transformers' own greedy decoding: the outside oracle."""
+    ids = torch.tensor([list(prompt_ids)])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                         do_sample=False, eos_token_id=eos, pad_token_id=0)  # fmt: skip
+    out = out[0, ids.shape[1] :].tolist()
+    if eos is not None and eos in out:  # generate pads after EOS
+        out = out[: out.index(eos) + 1]
+    return out
+
+
+WORDS = ("the cat sat on the mat and the dog ran to the park where a bird sang a song "
+         "def add ( a , b ) : return a + b print hello world").split()  # fmt: skip
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<eos>": 1, "<user>": 2, "<assistant>": 3}
+    for w in dict.fromkeys(WORDS):
+        vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+    fast.chat_template = "{% for m in messages %}<user> {{ m['content'] }} {% endfor %}<assistant>"
+    return fast
+
+
+def save_tiny_dir(path: Path, model_name: str = "llama-2l", seed: int = 0, noise: float | None = None,
+                  tokenizer=None) -> Path:  # fmt: skip
+    tok = tokenizer or make_tokenizer()
+    model = tiny_model(model_name, seed=seed, vocab_size=len(tok))
+    if noise is not None:
+        model = perturbed(model, noise)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_registry(tmp_path_factory):
+    """A models.yaml with a tiny target and a tiny draft (same tokenizer) as local directories."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    save_tiny_dir(root / "target")
+    save_tiny_dir(root / "draft", noise=0.2)
+    other = make_tokenizer()
+    other.add_tokens(["extra"])
+    save_tiny_dir(root / "other-vocab", tokenizer=other)
+    registry = {
+        "defaults": {"cpu": "tiny", "cuda": "tiny"},
+        "models": [
+            {"id": "tiny", "label": "Tiny", "chat": True, "sources": [{"kind": "local", "path": "target"}],
+             "drafts": ["tiny-draft"]},
+            {"id": "tiny-draft", "label": "Tiny draft", "sources": [{"kind": "local", "path": "draft"}]},
+            {"id": "tiny-other", "label": "Other vocab", "sources": [{"kind": "local", "path": "other-vocab"}]},
+        ],
+    }  # fmt: skip
+    path = root / "models.yaml"
+    path.write_text(json.dumps(registry))  # JSON is YAML
+    return path
+
+
+@pytest.fixture
+def use_tiny_registry(tiny_registry, monkeypatch):
+    monkeypatch.setenv("MTP_VIZ_MODELS", str(tiny_registry))
+    return tiny_registry

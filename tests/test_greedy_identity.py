@@ -1,0 +1,80 @@
+"""Every lossless strategy, greedy, emits exactly the tokens of plain autoregressive decoding and of
+transformers' generate(do_sample=False), on tiny random models."""
+
+import pytest
+from conftest import TINY_CONFIGS, decode, hf_greedy, perturbed, tiny_model
+
+from mtp_viz.strategies.base import GenerationSettings
+from mtp_viz.trace import VERDICT_ACCEPTED, VERDICT_REJECTED
+
+PROMPT = [5, 17, 3, 42, 9, 17, 3]
+CASES = [(name, seed) for name in TINY_CONFIGS for seed in (0, 1)]
+
+
+def _lossless_runs(model, draft, generation, eos=()):
+    """(strategy label, output, steps) for each lossless strategy with a few draft lengths."""
+    for k in (1, 3, 6):
+        yield f"speculative k={k}", *decode(model, "speculative", PROMPT, generation, draft=draft, eos=eos,
+                                            num_draft_tokens=k)  # fmt: skip
+    for k, n in ((3, 1), (8, 3)):
+        yield f"prompt_lookup k={k} n={n}", *decode(model, "prompt_lookup", PROMPT, generation, eos=eos,
+                                                    num_draft_tokens=k, max_ngram_size=n)  # fmt: skip
+
+
+@pytest.mark.parametrize("name,seed", CASES)
+def test_greedy_identical_to_autoregressive_and_generate(name, seed):
+    model = tiny_model(name, seed=seed)
+    draft = perturbed(model, noise=0.2, seed=seed + 10)
+    generation = GenerationSettings(max_new_tokens=40)
+    reference, _ = decode(model, "autoregressive", PROMPT, generation)
+    assert reference == hf_greedy(model, PROMPT, 40)
+    verdicts = []
+    for label, output, steps in _lossless_runs(model, draft, generation):
+        assert output == reference, label
+        verdicts += [v for s in steps for v in s.verdicts]
+    # The comparison only means something if drafts were both kept and thrown away.
+    assert VERDICT_ACCEPTED in verdicts and VERDICT_REJECTED in verdicts
+
+
+@pytest.mark.parametrize("name,seed", CASES[:3])
+def test_eos_inside_a_draft_block(name, seed):
+    model = tiny_model(name, seed=seed)
+    draft = perturbed(model, noise=0.1, seed=seed + 10)
+    generation = GenerationSettings(max_new_tokens=40)
+    free_run, _ = decode(model, "autoregressive", PROMPT, generation)
+    # Make a token that appears mid-output the EOS: decoding must stop right after it.
+    position = next(i for i in range(8, len(free_run)) if free_run[i] not in free_run[:i])
+    eos = free_run[position]
+    reference, _ = decode(model, "autoregressive", PROMPT, generation, eos=[eos])
+    assert reference == free_run[: position + 1]
+    assert reference == hf_greedy(model, PROMPT, 40, eos=eos)
+    for label, output, steps in _lossless_runs(model, draft, generation, eos=[eos]):
+        assert output == reference, label
+        assert sum(len(s.emitted) for s in steps) == len(reference)
+
+
+@pytest.mark.parametrize("budget", [1, 2, 5, 7, 13])
+def test_token_budget_ending_inside_a_block(budget):
+    model = tiny_model("llama-2l", seed=3)
+    generation = GenerationSettings(max_new_tokens=budget)
+    reference, _ = decode(model, "autoregressive", PROMPT, generation)
+    assert len(reference) == budget
+    # A draft equal to the target accepts everything, so the budget always ends mid-block.
+    for label, output, _ in _lossless_runs(model, model, generation):
+        assert output == reference, label
+
+
+def test_draft_length_is_cut_to_the_budget():
+    model = tiny_model("llama-2l", seed=3)
+    _, steps = decode(model, "speculative", PROMPT, GenerationSettings(max_new_tokens=5), draft=model,
+                      num_draft_tokens=8)  # fmt: skip
+    assert [len(s.drafted) for s in steps] == [4]
+    assert [e.origin for e in steps[0].emitted] == ["accepted"] * 4 + ["bonus"]
+
+
+def test_prompt_lookup_without_a_match_is_one_token_per_forward():
+    model = tiny_model("llama-2l", seed=0)
+    prompt = list(range(10, 30))  # no repeated n-gram to copy
+    _, steps = decode(model, "prompt_lookup", prompt, GenerationSettings(max_new_tokens=1))
+    assert steps[0].drafted == [] and steps[0].input_tokens == len(prompt)
+    assert [e.origin for e in steps[0].emitted] == ["autoregressive"]
