@@ -3,11 +3,14 @@
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 from mtp_viz.errors import UserError
 from mtp_viz.strategies import STRATEGIES
+
+DEBUG_ENV = "MTP_VIZ_DEBUG"
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -26,9 +29,14 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mtp_viz", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="python -m mtp_viz", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="decode one prompt with one strategy and write its trace")
     _add_common(run)
     run.add_argument("--max-new-tokens", type=int, default=128)
@@ -102,7 +110,10 @@ def _cmd_check_distribution(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mtp_viz.models import quiet_transformers
+
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    quiet_transformers()
     args = _parser().parse_args(argv)
     try:
         {"run": _cmd_run, "check-distribution": _cmd_check_distribution}[args.command](args)
@@ -112,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
         return 2
+    except Exception as e:  # a bug, not bad input: one line, the traceback on request
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(f"internal error: {type(e).__name__}: {e} (set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
+        return 1
     return 0
 
 

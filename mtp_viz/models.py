@@ -50,6 +50,14 @@ class LoadedModel:
         return str(self.model.dtype).removeprefix("torch.")
 
 
+def quiet_transformers() -> None:
+    """No progress bars or advisory warnings from transformers on the CLI and in the app."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "mtp-viz"))
 
