@@ -66,8 +66,9 @@ def _request(args, max_new_tokens: int, default_temperature: float):
         strategy=args.strategy,
         draft=args.draft,
         raw=args.raw,
-        generation=GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature,
-                                      top_k=args.top_k, top_p=args.top_p, seed=args.seed),  # fmt: skip
+        generation=GenerationSettings(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
+        ),
         strategy_settings=strategy_settings,
         device=args.device,
         dtype=args.dtype,
@@ -82,8 +83,10 @@ def _cmd_run(args) -> None:
     s = trace.summary
     draft = f" + draft {trace.draft_model}" if trace.draft_model else ""
     print(f"{trace.strategy} on {trace.model}{draft} ({trace.device}, {trace.dtype})")
-    print(f"  {s['new_tokens']} tokens in {s['wall_time_s']:.2f} s = {s['tokens_per_s']:.1f} tokens/s, "
-          f"{s['target_forwards']} target forwards, mean accepted tokens {s['mean_accepted_tokens']:.2f}")  # fmt: skip
+    print(
+        f"  {s['new_tokens']} tokens in {s['wall_time_s']:.2f} s = {s['tokens_per_s']:.1f} tokens/s, "
+        f"{s['target_forwards']} target forwards, mean accepted tokens {s['mean_accepted_tokens']:.2f}"
+    )
     if s["drafted_tokens"]:
         print(f"  acceptance {s['acceptance_rate']:.1%} of {s['drafted_tokens']} drafted tokens")
     print(f"  stop: {trace.stop_reason}")

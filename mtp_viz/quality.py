@@ -28,8 +28,14 @@ class TestResult:
 
     def as_dict(self) -> dict:
         verdict = "consistent" if self.consistent else "different"
-        return {"test": self.test, "statistic": self.statistic, "dof": self.dof, "p_value": self.p_value,
-                "alpha": ALPHA, "verdict": verdict}  # fmt: skip
+        return {
+            "test": self.test,
+            "statistic": self.statistic,
+            "dof": self.dof,
+            "p_value": self.p_value,
+            "alpha": ALPHA,
+            "verdict": verdict,
+        }
 
 
 def goodness_of_fit(samples: Sequence[Hashable], probs: dict[Hashable, float]) -> TestResult:
@@ -82,7 +88,7 @@ def first_token_distribution(model, prompt_ids: list[int], generation: Generatio
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     """Index of the first position where two token sequences differ, or None if identical."""
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
@@ -108,8 +114,14 @@ def check_distribution(request, samples: int) -> dict:
         outputs = []
         for i in range(samples):
             gen = replace(request.generation, seed=request.generation.seed + i)
-            run = Run(replace(request, strategy=strategy, generation=gen,
-                              strategy_settings=request.strategy_settings if strategy == request.strategy else {}))  # fmt: skip
+            run = Run(
+                replace(
+                    request,
+                    strategy=strategy,
+                    generation=gen,
+                    strategy_settings=request.strategy_settings if strategy == request.strategy else {},
+                )
+            )
             for _ in run.steps():
                 pass
             outputs.append(run.trace.output_token_ids)

@@ -76,8 +76,10 @@ class Run:
         if name is None:
             entry = load_registry().models.get(model_name)
             if entry is None or not entry.drafts:
-                raise UserError(f"strategy {self.spec.name} needs a draft model; none is registered for "
-                                f"{model_name}, so name one with --draft")  # fmt: skip
+                raise UserError(
+                    f"strategy {self.spec.name} needs a draft model; none is registered for "
+                    f"{model_name}, so name one with --draft"
+                )
             name = entry.drafts[0]
         return load_model(name, self.request.device, self.request.dtype)
 
@@ -98,8 +100,10 @@ class Run:
         limit = getattr(self.target.model.config, "max_position_embeddings", None)
         needed = len(self.prompt_ids) + self.request.generation.max_new_tokens
         if limit and needed > limit:
-            raise UserError(f"prompt ({len(self.prompt_ids)} tokens) plus max_new_tokens "
-                            f"({self.request.generation.max_new_tokens}) exceeds the model's context of {limit}")  # fmt: skip
+            raise UserError(
+                f"prompt ({len(self.prompt_ids)} tokens) plus max_new_tokens "
+                f"({self.request.generation.max_new_tokens}) exceeds the model's context of {limit}"
+            )
 
     def cancel(self) -> None:
         """Stop after the step in progress; the strategy's caches are released."""

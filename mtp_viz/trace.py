@@ -144,9 +144,22 @@ class Trace:
         d = asdict(self)
         del d["wall_time_s"]  # lives in the summary
         d["summary"] = self.summary
-        order = ["schema_version", "strategy", "model", "draft_model", "settings", "prompt_token_ids",
-                 "output_token_ids", "output_text", "summary", "stop_reason", "device", "dtype",
-                 "prompt_text", "steps"]  # fmt: skip
+        order = [
+            "schema_version",
+            "strategy",
+            "model",
+            "draft_model",
+            "settings",
+            "prompt_token_ids",
+            "output_token_ids",
+            "output_text",
+            "summary",
+            "stop_reason",
+            "device",
+            "dtype",
+            "prompt_text",
+            "steps",
+        ]
         return {k: d[k] for k in order}
 
     def to_json(self, indent: int | None = None) -> str:

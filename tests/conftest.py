@@ -13,20 +13,36 @@ from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.base import DecodeContext, GenerationSettings
 
 TINY_CONFIGS = {
-    "llama-2l": (LlamaForCausalLM, LlamaConfig, dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                                     num_key_value_heads=2, intermediate_size=64)),
-    "llama-3l-mha": (LlamaForCausalLM, LlamaConfig, dict(hidden_size=48, num_hidden_layers=3, num_attention_heads=4,
-                                                         num_key_value_heads=4, intermediate_size=96)),
-    "qwen2-2l": (Qwen2ForCausalLM, Qwen2Config, dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                                     num_key_value_heads=2, intermediate_size=64)),
-}  # fmt: skip
+    "llama-2l": (
+        LlamaForCausalLM,
+        LlamaConfig,
+        dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64),
+    ),
+    "llama-3l-mha": (
+        LlamaForCausalLM,
+        LlamaConfig,
+        dict(hidden_size=48, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, intermediate_size=96),
+    ),
+    "qwen2-2l": (
+        Qwen2ForCausalLM,
+        Qwen2Config,
+        dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64),
+    ),
+}
 
 
 def tiny_model(name: str = "llama-2l", seed: int = 0, vocab_size: int = 96, **overrides):
     model_cls, config_cls, kw = TINY_CONFIGS[name]
     torch.manual_seed(seed)
-    config = config_cls(vocab_size=vocab_size, max_position_embeddings=512, tie_word_embeddings=False,
-                        bos_token_id=None, eos_token_id=None, pad_token_id=None, **{**kw, **overrides})  # fmt: skip
+    config = config_cls(
+        vocab_size=vocab_size,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        **{**kw, **overrides},
+    )
     return model_cls(config).eval()
 
 
@@ -61,16 +77,22 @@ def decode(model, strategy: str, prompt_ids, generation=None, draft=None, eos=()
 def hf_greedy(model, prompt_ids, max_new_tokens: int, eos=None) -> list[int]:
     """transformers' own greedy decoding: the outside oracle."""
     ids = torch.tensor([list(prompt_ids)])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=False, eos_token_id=eos, pad_token_id=0)  # fmt: skip
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=0,
+    )
     out = out[0, ids.shape[1] :].tolist()
     if eos is not None and eos in out:  # generate pads after EOS
         out = out[: out.index(eos) + 1]
     return out
 
 
-WORDS = ("the cat sat on the mat and the dog ran to the park where a bird sang a song "
-         "def add ( a , b ) : return a + b print hello world").split()  # fmt: skip
+TEXT = "the cat sat on the mat and the dog ran to the park where a bird sang a song def add ( a , b ) : return a + b"
+WORDS = TEXT.split()
 
 
 def make_tokenizer() -> PreTrainedTokenizerFast:
@@ -86,8 +108,9 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def save_tiny_dir(path: Path, model_name: str = "llama-2l", seed: int = 0, noise: float | None = None,
-                  tokenizer=None) -> Path:  # fmt: skip
+def save_tiny_dir(
+    path: Path, model_name: str = "llama-2l", seed: int = 0, noise: float | None = None, tokenizer=None
+) -> Path:
     tok = tokenizer or make_tokenizer()
     model = tiny_model(model_name, seed=seed, vocab_size=len(tok))
     if noise is not None:
@@ -110,12 +133,17 @@ def tiny_registry(tmp_path_factory):
     registry = {
         "defaults": {"cpu": "tiny", "cuda": "tiny"},
         "models": [
-            {"id": "tiny", "label": "Tiny", "chat": True, "sources": [{"kind": "local", "path": "target"}],
-             "drafts": ["tiny-draft"]},
+            {
+                "id": "tiny",
+                "label": "Tiny",
+                "chat": True,
+                "sources": [{"kind": "local", "path": "target"}],
+                "drafts": ["tiny-draft"],
+            },
             {"id": "tiny-draft", "label": "Tiny draft", "sources": [{"kind": "local", "path": "draft"}]},
             {"id": "tiny-other", "label": "Other vocab", "sources": [{"kind": "local", "path": "other-vocab"}]},
         ],
-    }  # fmt: skip
+    }
     path = root / "models.yaml"
     path.write_text(json.dumps(registry))  # JSON is YAML
     return path

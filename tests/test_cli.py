@@ -12,8 +12,23 @@ from mtp_viz.trace import Trace
 
 def test_run_prints_a_summary_and_writes_the_trace(use_tiny_registry, tmp_path, capsys):
     out = tmp_path / "trace.json"
-    code = main(["run", "--model", "tiny", "--strategy", "speculative", "--prompt", "the cat sat on",
-                 "--max-new-tokens", "12", "--num-draft-tokens", "3", "--trace-out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "run",
+            "--model",
+            "tiny",
+            "--strategy",
+            "speculative",
+            "--prompt",
+            "the cat sat on",
+            "--max-new-tokens",
+            "12",
+            "--num-draft-tokens",
+            "3",
+            "--trace-out",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "tokens/s" in printed and "acceptance" in printed and "mean accepted tokens" in printed
@@ -26,8 +41,24 @@ def test_model_may_be_a_local_directory(use_tiny_registry, tmp_path, capsys):
     target = use_tiny_registry.parent / "target"
     draft = use_tiny_registry.parent / "draft"
     out = tmp_path / "t.json"
-    code = main(["run", "--model", str(target), "--draft", str(draft), "--strategy", "speculative",
-                 "--prompt", "a bird", "--raw", "--max-new-tokens", "6", "--trace-out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "run",
+            "--model",
+            str(target),
+            "--draft",
+            str(draft),
+            "--strategy",
+            "speculative",
+            "--prompt",
+            "a bird",
+            "--raw",
+            "--max-new-tokens",
+            "6",
+            "--trace-out",
+            str(out),
+        ]
+    )
     assert code == 0
     trace = Trace.load(out)
     assert trace.model == "target" and trace.draft_model == "draft" and trace.settings["raw"] is True
@@ -35,8 +66,23 @@ def test_model_may_be_a_local_directory(use_tiny_registry, tmp_path, capsys):
 
 def test_check_distribution_writes_samples_and_a_verdict(use_tiny_registry, tmp_path, capsys):
     out = tmp_path / "dist.json"
-    code = main(["check-distribution", "--model", "tiny", "--strategy", "speculative", "--prompt", "the dog",
-                 "--tokens", "2", "--samples", "40", "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "check-distribution",
+            "--model",
+            "tiny",
+            "--strategy",
+            "speculative",
+            "--prompt",
+            "the dog",
+            "--tokens",
+            "2",
+            "--samples",
+            "40",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     result = json.loads(out.read_text())
     assert len(result["autoregressive"]) == len(result["speculative"]) == 40
@@ -54,24 +100,34 @@ BAD = {
     "non-integer tokens": (["run", "--prompt", "hi", "--max-new-tokens", "lots"], "invalid int"),
     "unknown model": (["run", "--prompt", "hi", "--model", "gpt-9"], "unknown model"),
     "unknown strategy": (["run", "--prompt", "hi", "--strategy", "telepathy"], "unknown strategy"),
-    "other vocabulary": (["run", "--prompt", "hi", "--strategy", "speculative", "--draft", "tiny-other"],
-                         "different vocabulary"),
+    "other vocabulary": (
+        ["run", "--prompt", "hi", "--strategy", "speculative", "--draft", "tiny-other"],
+        "different vocabulary",
+    ),
     "negative temperature": (["run", "--prompt", "hi", "--temperature", "-1"], "temperature"),
     "nan temperature": (["run", "--prompt", "hi", "--temperature", "nan"], "temperature"),
     "top-p zero": (["run", "--prompt", "hi", "--top-p", "0"], "top_p"),
     "top-p above one": (["run", "--prompt", "hi", "--top-p", "1.5"], "top_p"),
     "negative top-k": (["run", "--prompt", "hi", "--top-k", "-3"], "top_k"),
-    "zero draft tokens": (["run", "--prompt", "hi", "--strategy", "speculative", "--num-draft-tokens", "0"],
-                          "num_draft_tokens"),
-    "draft tokens 1000": (["run", "--prompt", "hi", "--strategy", "prompt_lookup", "--num-draft-tokens", "1000"],
-                          "num_draft_tokens"),
+    "zero draft tokens": (
+        ["run", "--prompt", "hi", "--strategy", "speculative", "--num-draft-tokens", "0"],
+        "num_draft_tokens",
+    ),
+    "draft tokens 1000": (
+        ["run", "--prompt", "hi", "--strategy", "prompt_lookup", "--num-draft-tokens", "1000"],
+        "num_draft_tokens",
+    ),
     "setting of another strategy": (["run", "--prompt", "hi", "--num-draft-tokens", "3"], "no setting"),
-    "no draft registered": (["run", "--prompt", "hi", "--model", "tiny-draft", "--strategy", "speculative"],
-                            "needs a draft"),
+    "no draft registered": (
+        ["run", "--prompt", "hi", "--model", "tiny-draft", "--strategy", "speculative"],
+        "needs a draft",
+    ),
     "unwritable trace path": (["run", "--prompt", "hi", "--trace-out", "/nonexistent/dir/t.json"], "error"),
-    "greedy distribution check": (["check-distribution", "--prompt", "hi", "--temperature", "0", "--out",
-                                   "/tmp/x.json"], "temperature"),
-}  # fmt: skip
+    "greedy distribution check": (
+        ["check-distribution", "--prompt", "hi", "--temperature", "0", "--out", "/tmp/x.json"],
+        "temperature",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -95,7 +151,11 @@ class _no_raise:
 
 
 def test_bad_input_in_a_real_process(use_tiny_registry):
-    proc = subprocess.run([sys.executable, "-m", "mtp_viz", "run", "--prompt", " ", "--model", "tiny"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "mtp_viz", "run", "--prompt", " ", "--model", "tiny"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: the prompt is empty"

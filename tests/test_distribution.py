@@ -35,8 +35,13 @@ def exact_joint(model, generation) -> dict[tuple[int, ...], float]:
 def sample_joint(strategy, model, generation, draft=None, **settings):
     samples = []
     for seed in range(SAMPLES):
-        gen = GenerationSettings(max_new_tokens=N_TOKENS, temperature=generation.temperature,
-                                 top_k=generation.top_k, top_p=generation.top_p, seed=seed)  # fmt: skip
+        gen = GenerationSettings(
+            max_new_tokens=N_TOKENS,
+            temperature=generation.temperature,
+            top_k=generation.top_k,
+            top_p=generation.top_p,
+            seed=seed,
+        )
         out, _ = decode(model, strategy, PROMPT, gen, draft=draft, **settings)
         samples.append(tuple(out))
     return samples
@@ -60,8 +65,7 @@ def test_sampled_tokens_follow_the_exact_target_distribution(models, strategy, g
     target, draft = models
     exact = exact_joint(target, generation)
     settings = {"num_draft_tokens": 2} if strategy != "autoregressive" else {}
-    samples = sample_joint(strategy, target, generation, draft=draft if strategy == "speculative" else None,
-                           **settings)  # fmt: skip
+    samples = sample_joint(strategy, target, generation, draft=draft if strategy == "speculative" else None, **settings)
     result = goodness_of_fit(samples, exact)
     assert result.consistent, result
 

@@ -60,21 +60,36 @@ def test_greedy_identity_on_the_embedded_model(smol, early_exit_draft, prompt):
     generation = GenerationSettings(max_new_tokens=MAX_NEW)
     reference = run(RunRequest(prompt=prompt, model=MODEL, generation=generation))
     ids = torch.tensor([reference.prompt_token_ids])
-    hf = smol.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False,
-                             eos_token_id=sorted(smol.eos_token_ids), pad_token_id=0)[0, ids.shape[1]:].tolist()  # fmt: skip
+    hf = smol.model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=MAX_NEW,
+        do_sample=False,
+        eos_token_id=sorted(smol.eos_token_ids),
+        pad_token_id=0,
+    )[0, ids.shape[1] :].tolist()
     hf = hf[: hf.index(2) + 1] if 2 in hf else hf
     assert reference.output_token_ids == hf
-    for strategy, draft, kw in (("prompt_lookup", None, {}), ("speculative", str(early_exit_draft), {"num_draft_tokens": 4})):
-        trace = run(RunRequest(prompt=prompt, model=MODEL, strategy=strategy, draft=draft, generation=generation,
-                               strategy_settings=kw))  # fmt: skip
+    for strategy, draft, kw in (
+        ("prompt_lookup", None, {}),
+        ("speculative", str(early_exit_draft), {"num_draft_tokens": 4}),
+    ):
+        trace = run(
+            RunRequest(
+                prompt=prompt, model=MODEL, strategy=strategy, draft=draft, generation=generation, strategy_settings=kw
+            )
+        )
         assert trace.output_token_ids == reference.output_token_ids, strategy
         assert trace.output_text == reference.output_text
 
 
 def test_prompt_lookup_copies_on_an_input_grounded_prompt():
     prompt = "Repeat this list exactly: apples, bananas, cherries, dates, elderberries, figs, grapes."
-    trace = run(RunRequest(prompt=prompt, model=MODEL, strategy="prompt_lookup",
-                           generation=GenerationSettings(max_new_tokens=30)))  # fmt: skip
+    trace = run(
+        RunRequest(
+            prompt=prompt, model=MODEL, strategy="prompt_lookup", generation=GenerationSettings(max_new_tokens=30)
+        )
+    )
     assert trace.summary["mean_accepted_tokens"] > 1.5  # measured 3.3
 
 
@@ -101,7 +116,7 @@ def test_gguf_is_converted_once_then_loaded_from_the_cache(tmp_path, monkeypatch
         models._load_cached.cache_clear()
         second = load_model(MODEL)
         assert second.source.startswith("cache:")
-        for (k, a), b in zip(first.model.state_dict().items(), second.model.state_dict().values()):
+        for (k, a), b in zip(first.model.state_dict().items(), second.model.state_dict().values(), strict=True):
             assert torch.equal(a, b), k
     finally:
         models.hub_reachable.cache_clear()

@@ -14,11 +14,15 @@ CASES = [(name, seed) for name in TINY_CONFIGS for seed in (0, 1)]
 def _lossless_runs(model, draft, generation, eos=()):
     """(strategy label, output, steps) for each lossless strategy with a few draft lengths."""
     for k in (1, 3, 6):
-        yield f"speculative k={k}", *decode(model, "speculative", PROMPT, generation, draft=draft, eos=eos,
-                                            num_draft_tokens=k)  # fmt: skip
+        yield (
+            f"speculative k={k}",
+            *decode(model, "speculative", PROMPT, generation, draft=draft, eos=eos, num_draft_tokens=k),
+        )
     for k, n in ((3, 1), (8, 3)):
-        yield f"prompt_lookup k={k} n={n}", *decode(model, "prompt_lookup", PROMPT, generation, eos=eos,
-                                                    num_draft_tokens=k, max_ngram_size=n)  # fmt: skip
+        yield (
+            f"prompt_lookup k={k} n={n}",
+            *decode(model, "prompt_lookup", PROMPT, generation, eos=eos, num_draft_tokens=k, max_ngram_size=n),
+        )
 
 
 @pytest.mark.parametrize("name,seed", CASES)
@@ -66,8 +70,9 @@ def test_token_budget_ending_inside_a_block(budget):
 
 def test_draft_length_is_cut_to_the_budget():
     model = tiny_model("llama-2l", seed=3)
-    _, steps = decode(model, "speculative", PROMPT, GenerationSettings(max_new_tokens=5), draft=model,
-                      num_draft_tokens=8)  # fmt: skip
+    _, steps = decode(
+        model, "speculative", PROMPT, GenerationSettings(max_new_tokens=5), draft=model, num_draft_tokens=8
+    )
     assert [len(s.drafted) for s in steps] == [4]
     assert [e.origin for e in steps[0].emitted] == ["accepted"] * 4 + ["bonus"]
 

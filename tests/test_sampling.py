@@ -91,8 +91,10 @@ def test_residual_falls_back_to_p_when_p_equals_q():
     torch.testing.assert_close(residual_distribution(p, p.clone()), p)
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8),
-                                                     (0.9, 10, 0.5), (2.0, 3, 0.95), (1.0, 0, 0.01)])  # fmt: skip
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p",
+    [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.9, 10, 0.5), (2.0, 3, 0.95), (1.0, 0, 0.01)],
+)
 def test_warping_matches_transformers(temperature, top_k, top_p):
     logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(7)) * 3
     ours = probs_from_logits(logits, Warp(temperature, top_k, top_p))

@@ -28,8 +28,10 @@ class PromptLookupSettings:
     max_ngram_size: int = 3
 
     def __post_init__(self):
-        for name, value, high in (("num_draft_tokens", self.num_draft_tokens, MAX_DRAFT_TOKENS),
-                                  ("max_ngram_size", self.max_ngram_size, MAX_NGRAM_SIZE)):  # fmt: skip
+        for name, value, high in (
+            ("num_draft_tokens", self.num_draft_tokens, MAX_DRAFT_TOKENS),
+            ("max_ngram_size", self.max_ngram_size, MAX_NGRAM_SIZE),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
                 raise InvalidSettingsError(f"{name} must be an integer from 1 to {high}, got {value!r}")
 
