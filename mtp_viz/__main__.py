@@ -25,6 +25,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-draft-tokens", type=int, help="tokens drafted per step (speculative, prompt_lookup)")
     p.add_argument("--max-ngram-size", type=int, help="longest n-gram matched (prompt_lookup)")
+    p.add_argument("--min-ngram-size", type=int, help="shortest n-gram matched (prompt_lookup)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
 
@@ -59,6 +60,8 @@ def _request(args, max_new_tokens: int, default_temperature: float):
         strategy_settings["num_draft_tokens"] = args.num_draft_tokens
     if args.max_ngram_size is not None:
         strategy_settings["max_ngram_size"] = args.max_ngram_size
+    if args.min_ngram_size is not None:
+        strategy_settings["min_ngram_size"] = args.min_ngram_size
     temperature = default_temperature if args.temperature is None else args.temperature
     return RunRequest(
         prompt=args.prompt,

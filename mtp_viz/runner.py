@@ -132,7 +132,7 @@ class Run:
             if m is not None:
                 _warm_up(m, self.prompt_ids)
         steps: list[Step] = []
-        paused = 0.0
+        paused = paused_before_last = 0.0
         stop_reason = STOP_MAX_NEW_TOKENS
         strategy = self.spec.run(ctx, self.settings)
         start = last = clock.now()
@@ -141,7 +141,7 @@ class Run:
                 if texts is not None:
                     _attach_text(step, texts)
                 steps.append(step)
-                last = clock.now()
+                last, paused_before_last = clock.now(), paused
                 yield step
                 paused += clock.now() - last  # time the consumer held the stream is not decoding
                 if self._cancelled:
@@ -151,7 +151,7 @@ class Run:
             strategy.close()
         if stop_reason != STOP_CANCELLED and ctx.output and ctx.output[-1] in ctx.eos_token_ids:
             stop_reason = STOP_EOS
-        self.trace = self._trace(steps, ctx.output, last - start - paused, stop_reason)
+        self.trace = self._trace(steps, ctx.output, last - start - paused_before_last, stop_reason)
 
     @property
     def _records_text(self) -> bool:

@@ -18,10 +18,19 @@ def _lossless_runs(model, draft, generation, eos=()):
             f"speculative k={k}",
             *decode(model, "speculative", PROMPT, generation, draft=draft, eos=eos, num_draft_tokens=k),
         )
-    for k, n in ((3, 1), (8, 3)):
+    for k, n in ((3, 1), (8, 3)):  # n-gram sizes 1..1 and 2..3
         yield (
             f"prompt_lookup k={k} n={n}",
-            *decode(model, "prompt_lookup", PROMPT, generation, eos=eos, num_draft_tokens=k, max_ngram_size=n),
+            *decode(
+                model,
+                "prompt_lookup",
+                PROMPT,
+                generation,
+                eos=eos,
+                num_draft_tokens=k,
+                max_ngram_size=n,
+                min_ngram_size=min(n, 2),
+            ),
         )
 
 

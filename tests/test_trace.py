@@ -168,3 +168,15 @@ def test_minimal_recording_keeps_ids_and_drops_texts(use_tiny_registry):
     minimal = run(RunRequest(prompt="the cat sat", model="tiny", strategy="speculative", record="minimal"))
     assert minimal.output_token_ids == full.output_token_ids
     assert all(t.text == "" and t.p is None for s in minimal.steps for t in s.emitted)
+
+
+def test_wall_time_excludes_time_the_consumer_holds_the_stream(use_tiny_registry):
+    import time
+
+    from mtp_viz.runner import Run
+
+    r = Run(RunRequest(prompt="the cat sat", model="tiny", generation=GenerationSettings(max_new_tokens=4)))
+    for _ in r.steps():
+        time.sleep(0.2)
+    decoding = sum(s.step_s for s in r.trace.steps)
+    assert decoding <= r.trace.wall_time_s < decoding + 0.15

@@ -1,0 +1,114 @@
+"""Engine benchmark: our decoding loops next to transformers' generate, measured side by side.
+
+    python benchmarks/engine.py [--model smollm2-135m] [--max-new-tokens 128] [--repeats 3]
+
+For each prompt every method runs `repeats` times, interleaved round-robin so that machine noise
+hits all of them alike; the median tokens/s of each is reported, with ratios. Greedy decoding, so
+every method must produce the same tokens (checked and printed).
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from mtp_viz.clock import Clock
+from mtp_viz.models import encode_prompt, load_model, quiet_transformers
+from mtp_viz.prompts import CODE_EDIT_PROMPT, spec_bench_prompt
+from mtp_viz.runner import RECORD_MINIMAL, RunRequest, run
+from mtp_viz.strategies.base import GenerationSettings
+from mtp_viz.strategies.prompt_lookup import PromptLookupSettings
+
+PROMPTS = {
+    "code-edit": CODE_EDIT_PROMPT,
+    "summarization (Spec-Bench 241)": spec_bench_prompt(241),
+    "rag (Spec-Bench 481)": spec_bench_prompt(481),
+    "writing (Spec-Bench 81)": spec_bench_prompt(81),
+    "coding (Spec-Bench 121)": spec_bench_prompt(121),
+}
+METHODS = ("ours_ar", "ours_ar_minimal", "ours_pld", "ours_pld_nomatch", "hf_plain", "hf_pld")
+NO_MATCH = {"min_ngram_size": 16, "max_ngram_size": 16}  # never matches here: the lookup's own cost
+
+
+def ours(model: str, prompt: str, max_new: int, method: str) -> tuple[list[int], float]:
+    strategy = "prompt_lookup" if method.startswith("ours_pld") else "autoregressive"
+    record = RECORD_MINIMAL if method == "ours_ar_minimal" else "full"
+    settings = NO_MATCH if method == "ours_pld_nomatch" else {}
+    trace = run(RunRequest(prompt=prompt, model=model, strategy=strategy, record=record, strategy_settings=settings,
+                           generation=GenerationSettings(max_new_tokens=max_new)))  # fmt: skip
+    return trace.output_token_ids, trace.wall_time_s
+
+
+def hf(loaded, prompt_ids: list[int], max_new: int, method: str) -> tuple[list[int], float]:
+    pld = PromptLookupSettings()
+    extra = {"prompt_lookup_num_tokens": pld.num_draft_tokens, "max_matching_ngram_size": pld.max_ngram_size}
+    ids = torch.tensor([prompt_ids], device=loaded.device)
+    clock = Clock(loaded.device)
+    start = clock.now()
+    out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
+                                eos_token_id=sorted(loaded.eos_token_ids), pad_token_id=0,
+                                **(extra if method == "hf_pld" else {}))  # fmt: skip
+    wall = clock.now() - start
+    new = out[0, len(prompt_ids) :].tolist()
+    eos = [i for i, t in enumerate(new) if t in loaded.eos_token_ids]
+    return (new[: eos[0] + 1] if eos else new), wall
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, help="write the raw measurements as JSON")
+    args = parser.parse_args()
+    quiet_transformers()
+    loaded = load_model(args.model)
+    warm = encode_prompt(loaded, "Hello")
+    loaded.model.generate(torch.tensor([warm]), max_new_tokens=4, do_sample=False, pad_token_id=0)
+    rows, raw = [], {}
+    for name, prompt in PROMPTS.items():
+        prompt_ids = encode_prompt(loaded, prompt)
+        rates: dict[str, list[float]] = {m: [] for m in METHODS}
+        outputs: dict[str, list[int]] = {}
+        for r in range(args.repeats):
+            for method in METHODS:
+                if method.startswith("ours"):
+                    out, wall = ours(args.model, prompt, args.max_new_tokens, method)
+                else:
+                    out, wall = hf(loaded, prompt_ids, args.max_new_tokens, method)
+                rates[method].append(len(out) / wall)
+                outputs[method] = out
+            print(f"  {name}: repeat {r + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+        med = {m: statistics.median(v) for m, v in rates.items()}
+        identical = all(o == outputs["ours_ar"] for o in outputs.values())
+        raw[name] = {"prompt_tokens": len(prompt_ids), "new_tokens": len(outputs["ours_ar"]), "tokens_per_s": rates}
+        rows.append((name, len(prompt_ids), len(outputs["ours_ar"]), med, identical))
+    print_table(rows, args)
+    if args.out:
+        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": raw}, indent=1))
+    return 0
+
+
+def print_table(rows, args) -> None:
+    print(f"\n{args.model}, greedy, max_new_tokens={args.max_new_tokens}, median of {args.repeats} interleaved runs, "
+          f"{time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {torch.get_num_threads()} threads\n")  # fmt: skip
+    head = ("| prompt | prompt tok | new tok | ours AR tok/s | HF plain tok/s | ours AR / HF | ours PLD tok/s | "
+            "HF PLD tok/s | ours PLD / HF PLD | ours PLD / ours AR | HF PLD / HF plain | PLD no match / AR | "
+            "tracing overhead | identical |")  # fmt: skip
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for name, n_prompt, n_new, m, identical in rows:
+        overhead = 1 - m["ours_ar"] / m["ours_ar_minimal"]
+        print(f"| {name} | {n_prompt} | {n_new} | {m['ours_ar']:.1f} | {m['hf_plain']:.1f} | "
+              f"{m['ours_ar'] / m['hf_plain']:.2f}x | {m['ours_pld']:.1f} | {m['hf_pld']:.1f} | "
+              f"{m['ours_pld'] / m['hf_pld']:.2f}x | {m['ours_pld'] / m['ours_ar']:.2f}x | "
+              f"{m['hf_pld'] / m['hf_plain']:.2f}x | {m['ours_pld_nomatch'] / m['ours_ar']:.2f}x | "
+              f"{overhead:+.1%} | {'yes' if identical else 'NO'} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
