@@ -38,8 +38,16 @@ def ours(model: str, prompt: str, max_new: int, method: str) -> tuple[list[int],
     strategy = "prompt_lookup" if method.startswith("ours_pld") else "autoregressive"
     record = RECORD_MINIMAL if method == "ours_ar_minimal" else "full"
     settings = NO_MATCH if method == "ours_pld_nomatch" else {}
-    trace = run(RunRequest(prompt=prompt, model=model, strategy=strategy, record=record, strategy_settings=settings,
-                           generation=GenerationSettings(max_new_tokens=max_new)))  # fmt: skip
+    trace = run(
+        RunRequest(
+            prompt=prompt,
+            model=model,
+            strategy=strategy,
+            record=record,
+            strategy_settings=settings,
+            generation=GenerationSettings(max_new_tokens=max_new),
+        )
+    )
     return trace.output_token_ids, trace.wall_time_s
 
 
@@ -49,9 +57,15 @@ def hf(loaded, prompt_ids: list[int], max_new: int, method: str) -> tuple[list[i
     ids = torch.tensor([prompt_ids], device=loaded.device)
     clock = Clock(loaded.device)
     start = clock.now()
-    out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
-                                eos_token_id=sorted(loaded.eos_token_ids), pad_token_id=0,
-                                **(extra if method == "hf_pld" else {}))  # fmt: skip
+    out = loaded.model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new,
+        do_sample=False,
+        eos_token_id=sorted(loaded.eos_token_ids),
+        pad_token_id=0,
+        **(extra if method == "hf_pld" else {}),
+    )
     wall = clock.now() - start
     new = out[0, len(prompt_ids) :].tolist()
     eos = [i for i, t in enumerate(new) if t in loaded.eos_token_ids]
@@ -82,7 +96,9 @@ def main() -> int:
                     out, wall = hf(loaded, prompt_ids, args.max_new_tokens, method)
                 rates[method].append(len(out) / wall)
                 outputs[method] = out
-            print(f"  {name}: repeat {r + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+            print(
+                f"  {time.strftime('%H:%M:%S')} {name}: repeat {r + 1}/{args.repeats} done", file=sys.stderr, flush=True
+            )
         med = {m: statistics.median(v) for m, v in rates.items()}
         identical = all(o == outputs["ours_ar"] for o in outputs.values())
         raw[name] = {"prompt_tokens": len(prompt_ids), "new_tokens": len(outputs["ours_ar"]), "tokens_per_s": rates}
@@ -94,20 +110,26 @@ def main() -> int:
 
 
 def print_table(rows, args) -> None:
-    print(f"\n{args.model}, greedy, max_new_tokens={args.max_new_tokens}, median of {args.repeats} interleaved runs, "
-          f"{time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {torch.get_num_threads()} threads\n")  # fmt: skip
-    head = ("| prompt | prompt tok | new tok | ours AR tok/s | HF plain tok/s | ours AR / HF | ours PLD tok/s | "
-            "HF PLD tok/s | ours PLD / HF PLD | ours PLD / ours AR | HF PLD / HF plain | PLD no match / AR | "
-            "tracing overhead | identical |")  # fmt: skip
+    print(
+        f"\n{args.model}, greedy, max_new_tokens={args.max_new_tokens}, median of {args.repeats} interleaved runs, "
+        f"{time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {torch.get_num_threads()} threads\n"
+    )
+    head = (
+        "| prompt | prompt tok | new tok | ours AR tok/s | HF plain tok/s | ours AR / HF | ours PLD tok/s | "
+        "HF PLD tok/s | ours PLD / HF PLD | ours PLD / ours AR | HF PLD / HF plain | PLD no match / AR | "
+        "tracing overhead | identical |"
+    )
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for name, n_prompt, n_new, m, identical in rows:
         overhead = 1 - m["ours_ar"] / m["ours_ar_minimal"]
-        print(f"| {name} | {n_prompt} | {n_new} | {m['ours_ar']:.1f} | {m['hf_plain']:.1f} | "
-              f"{m['ours_ar'] / m['hf_plain']:.2f}x | {m['ours_pld']:.1f} | {m['hf_pld']:.1f} | "
-              f"{m['ours_pld'] / m['hf_pld']:.2f}x | {m['ours_pld'] / m['ours_ar']:.2f}x | "
-              f"{m['hf_pld'] / m['hf_plain']:.2f}x | {m['ours_pld_nomatch'] / m['ours_ar']:.2f}x | "
-              f"{overhead:+.1%} | {'yes' if identical else 'NO'} |")  # fmt: skip
+        print(
+            f"| {name} | {n_prompt} | {n_new} | {m['ours_ar']:.1f} | {m['hf_plain']:.1f} | "
+            f"{m['ours_ar'] / m['hf_plain']:.2f}x | {m['ours_pld']:.1f} | {m['hf_pld']:.1f} | "
+            f"{m['ours_pld'] / m['hf_pld']:.2f}x | {m['ours_pld'] / m['ours_ar']:.2f}x | "
+            f"{m['hf_pld'] / m['hf_plain']:.2f}x | {m['ours_pld_nomatch'] / m['ours_ar']:.2f}x | "
+            f"{overhead:+.1%} | {'yes' if identical else 'NO'} |"
+        )
 
 
 if __name__ == "__main__":

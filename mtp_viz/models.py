@@ -103,7 +103,7 @@ def display_name(name: str) -> str:
     return Path(name).name if is_model_dir(name) and name not in load_registry().models else name
 
 
-_load_lock = threading.Lock()
+_load_lock = threading.RLock()  # re-entered when an early-exit model loads its base
 
 
 def load_model(name: str, device: str | None = None, dtype: str | None = None) -> LoadedModel:
@@ -130,6 +130,12 @@ def _load_cached(name: str, device: str, dtype: str) -> LoadedModel:
 def _load_entry(entry: ModelEntry, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     reasons = []
     for source in entry.sources:
+        if source.kind == "early_exit":
+            base = _load_cached(source.base, str(device), str(dtype).removeprefix("torch."))
+            model = early_exit_view(base.model, source.layers)
+            return _wrap(
+                entry.id, model, base.tokenizer, chat=entry.chat, source=f"early_exit:{source.base}[:{source.layers}]"
+            )
         path, why = _locate(entry, source)
         if path is None:
             reasons.append(f"{source.kind}: {why}")
@@ -183,6 +189,30 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def early_exit_view(model: PreTrainedModel, layers: int) -> PreTrainedModel:
+    """A model made of the first `layers` decoder layers of `model`, then its final norm and head.
+
+    The modules are shared, not copied: the view costs no memory, and it keeps its own KV cache
+    when a strategy wraps it in a CachedModel. Untrained, so it agrees with the full model only
+    sometimes; that is what makes it a teaching draft (trained drafters replace it).
+    """
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    if not 1 <= layers < config.num_hidden_layers:
+        raise UserError(f"an early exit needs 1 to {config.num_hidden_layers - 1} layers, got {layers}")
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:layers]
+    with torch.device("meta"):
+        view = type(model)(config)
+    view.model.embed_tokens = model.model.embed_tokens
+    view.model.layers = torch.nn.ModuleList(model.model.layers[:layers])
+    view.model.norm = model.model.norm
+    view.model.rotary_emb = model.model.rotary_emb
+    view.lm_head = model.lm_head
+    view.generation_config = model.generation_config
+    return view.eval()
 
 
 def _from_dir(path: Path, device: torch.device, dtype: torch.dtype):

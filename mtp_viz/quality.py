@@ -142,3 +142,59 @@ def check_distribution(request, samples: int) -> dict:
     verdict["overall"] = "consistent" if all(t["verdict"] == "consistent" for t in tests) else "different"
     out["verdict"] = verdict
     return out
+
+
+NEAR_TIE_LOGIT_GAP = 1e-2  # top-two logit gap below which rounding can flip the argmax (fp32/bf16)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    position: int  # index in the output where the token ids first differ
+    reference_token: int | None
+    other_token: int | None
+    logit_gap: float | None  # target's top-1 minus top-2 logit at that position
+    near_tie: bool
+
+    def explain(self) -> str:
+        if self.logit_gap is None:
+            return f"outputs differ in length after position {self.position}"
+        if self.near_tie:
+            return (
+                f"first divergence at token {self.position}: the target's top two logits differ by only "
+                f"{self.logit_gap:.2g}, a numerical near-tie (batched vs one-token forwards round differently)"
+            )
+        return (
+            f"first divergence at token {self.position} with a clear top-1 margin of {self.logit_gap:.3g} "
+            "logits: this is a bug, not rounding"
+        )
+
+
+def diagnose_divergence(model, prompt_ids: list[int], reference: list[int], other: list[int]) -> Divergence | None:
+    """Where two greedy outputs part, and whether the target was nearly tied there."""
+    i = first_divergence(reference, other)
+    if i is None:
+        return None
+    ref_tok = reference[i] if i < len(reference) else None
+    oth_tok = other[i] if i < len(other) else None
+    if ref_tok is None or oth_tok is None:
+        return Divergence(i, ref_tok, oth_tok, None, False)
+    with torch.inference_mode():
+        ids = torch.tensor([prompt_ids + reference[:i]], device=model.device)
+        logits = model(ids, logits_to_keep=1).logits[0, -1].float()
+    top2 = torch.topk(logits, 2).values
+    gap = float(top2[0] - top2[1])
+    return Divergence(i, ref_tok, oth_tok, gap, gap < NEAR_TIE_LOGIT_GAP)
+
+
+def lossless_verdict(reference, other, model=None) -> str:
+    """One line for the compare view: identical, or where and why a lossless run departed from
+    autoregressive decoding. `model` (the target) enables the near-tie diagnosis."""
+    if other.settings.get("temperature", 0.0) != 0.0:
+        return "sampling: individual outputs differ by design; the distribution check tests losslessness"
+    if other.output_token_ids == reference.output_token_ids:
+        return "identical to autoregressive"
+    if model is None:
+        i = first_divergence(reference.output_token_ids, other.output_token_ids)
+        return f"differs from autoregressive at token {i} (load the target model to diagnose)"
+    d = diagnose_divergence(model, reference.prompt_token_ids, reference.output_token_ids, other.output_token_ids)
+    return d.explain()

@@ -11,7 +11,7 @@ from mtp_viz.errors import UnknownModelError
 
 REGISTRY_ENV = "MTP_VIZ_MODELS"  # path of another models.yaml (tests point it at tiny models)
 DEFAULT_REGISTRY = Path(__file__).resolve().parent.parent / "models.yaml"
-SOURCE_KINDS = ("cache", "hub", "gguf_wheel", "local")
+SOURCE_KINDS = ("cache", "hub", "gguf_wheel", "local", "early_exit")
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,8 @@ class Source:
     package: str | None = None  # gguf_wheel
     file: str | None = None  # gguf_wheel
     path: str | None = None  # local
+    base: str | None = None  # early_exit: the registry id whose first `layers` layers this model is
+    layers: int | None = None  # early_exit
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,9 @@ def parse_registry(data: dict, base_dir: Path) -> Registry:
         )
         models[entry.id] = entry
     for entry in models.values():
+        for s in entry.sources:
+            if s.kind == "early_exit" and (s.base not in models or not s.layers):
+                raise ValueError(f"model {entry.id}: early_exit needs a registered base and a layer count")
         for d in entry.drafts:
             if d not in models:
                 raise ValueError(f"model {entry.id}: draft {d!r} is not in the registry")

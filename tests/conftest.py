@@ -68,7 +68,7 @@ def decode(model, strategy: str, prompt_ids, generation=None, draft=None, eos=()
         eos_token_ids=frozenset(eos),
         vocab_size=vocab_size or model.config.vocab_size,
         clock=Clock(),
-        generator=None if generation.warp.greedy else torch.Generator().manual_seed(generation.seed),
+        generator=None if generation.warp.greedy else torch.Generator(model.device).manual_seed(generation.seed),
     )
     steps = list(spec.run(ctx, spec.settings_cls(**settings)))
     return ctx.output, steps
@@ -76,7 +76,7 @@ def decode(model, strategy: str, prompt_ids, generation=None, draft=None, eos=()
 
 def hf_greedy(model, prompt_ids, max_new_tokens: int, eos=None) -> list[int]:
     """transformers' own greedy decoding: the outside oracle."""
-    ids = torch.tensor([list(prompt_ids)])
+    ids = torch.tensor([list(prompt_ids)], device=model.device)
     out = model.generate(
         ids,
         attention_mask=torch.ones_like(ids),
@@ -153,3 +153,12 @@ def tiny_registry(tmp_path_factory):
 def use_tiny_registry(tiny_registry, monkeypatch):
     monkeypatch.setenv("MTP_VIZ_MODELS", str(tiny_registry))
     return tiny_registry
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,41 +1,93 @@
-"""The Gradio app starts and serves the named `run` endpoint (tiny model via a registry override)."""
-
-import json
+"""The Gradio app against a launched server (tiny models via a registry override): the named `run` and
+`compare` endpoints through gradio_client, bad input as messages, the app still serving after."""
 
 import pytest
 
 
-@pytest.fixture
-def served_app(use_tiny_registry):
+@pytest.fixture(scope="module")
+def served_app(tiny_registry):
+    import os
+
+    os.environ["MTP_VIZ_MODELS"] = str(tiny_registry)
     from mtp_viz.ui.app import build_app
 
     app = build_app().queue()
-    app.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
+    app.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
     try:
         yield app.local_url
     finally:
         app.close()
+        del os.environ["MTP_VIZ_MODELS"]
 
 
-def test_run_endpoint_returns_a_trace(served_app):
+@pytest.fixture(scope="module")
+def client(served_app):
     from gradio_client import Client
 
-    client = Client(served_app, verbose=False)
-    tokens, summary, trace = client.predict(
-        "the cat sat on the mat", "tiny", "prompt_lookup", 10, 0.0, 0, api_name="/run"
+    return Client(served_app, verbose=False)
+
+
+def test_named_endpoints_are_listed(client):
+    named = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert {"/run", "/compare"} <= set(named)
+
+
+def test_run_endpoint_returns_a_trace(client):
+    trace = client.predict(
+        "the cat sat on the mat", model="tiny", strategy="prompt_lookup", max_new_tokens=10, api_name="/run"
     )
-    assert trace["strategy"] == "prompt_lookup" and trace["model"] == "tiny"
-    assert [t["token"] for t in tokens] == [t["text"] for s in trace["steps"] for t in s["emitted"]]
-    assert "tokens/s" in summary
-    json.dumps(trace)
+    assert trace["strategy"] == "prompt_lookup" and trace["model"] == "tiny" and trace["schema_version"] == 1
+    assert len(trace["output_token_ids"]) <= 10
+    assert trace["settings"]["num_draft_tokens"] == 10
 
 
-def test_bad_input_is_a_message_not_a_crash(served_app):
-    from gradio_client import Client
+def test_run_endpoint_with_a_draft_and_sampling(client):
+    trace = client.predict(
+        "the dog ran",
+        model="tiny",
+        strategy="speculative",
+        draft="tiny-draft",
+        num_draft_tokens=3,
+        temperature=0.8,
+        top_p=0.9,
+        seed=3,
+        max_new_tokens=8,
+        api_name="/run",
+    )
+    assert trace["draft_model"] == "tiny-draft" and trace["settings"]["num_draft_tokens"] == 3
+    assert trace["settings"]["temperature"] == 0.8
 
-    client = Client(served_app, verbose=False)
-    with pytest.raises(Exception, match="prompt is empty"):
-        client.predict("   ", "tiny", "autoregressive", 10, 0.0, 0, api_name="/run")
-    # and the app keeps serving
-    _, _, trace = client.predict("a bird", "tiny", "autoregressive", 3, 0.0, 0, api_name="/run")
+
+def test_compare_endpoint(client):
+    result = client.predict(
+        "the cat sat on the mat and the cat",
+        ["speculative", "prompt_lookup"],
+        model="tiny",
+        max_new_tokens=12,
+        api_name="/compare",
+    )
+    assert [t["strategy"] for t in result["traces"]] == ["autoregressive", "speculative", "prompt_lookup"]
+    assert result["verdicts"] == {
+        "speculative": "identical to autoregressive",
+        "prompt_lookup": "identical to autoregressive",
+    }
+    assert result["metrics"][0]["speedup"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"prompt": "   "}, "prompt is empty"),
+        ({"prompt": "hi", "max_new_tokens": 0}, "max_new_tokens"),
+        ({"prompt": "hi", "temperature": -1}, "temperature"),
+        ({"prompt": "hi", "strategy": "telepathy"}, "unknown strategy"),
+        ({"prompt": "hi", "model": "gpt-9"}, "unknown model"),
+        ({"prompt": "hi", "strategy": "speculative", "draft": "tiny-other"}, "different vocabulary"),
+    ],
+)
+def test_bad_input_is_a_message_and_the_app_keeps_serving(client, kwargs, message):
+    kwargs.setdefault("model", "tiny")
+    with pytest.raises(Exception, match=message):
+        client.predict(**kwargs, api_name="/run")
+    trace = client.predict("a bird", model="tiny", max_new_tokens=3, api_name="/run")
     assert len(trace["output_token_ids"]) <= 3

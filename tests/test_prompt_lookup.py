@@ -28,8 +28,15 @@ def test_draft_is_cut_to_k_and_to_the_sequence():
     assert find_draft(seq, 2, 1, 50) == ([3, 4, 5, 1, 2], 2, 0)
 
 
-@pytest.mark.parametrize("kw", [{"min_ngram_size": 4, "max_ngram_size": 3}, {"min_ngram_size": 0},
-                                {"num_draft_tokens": 0}, {"max_ngram_size": 17}])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"min_ngram_size": 4, "max_ngram_size": 3},
+        {"min_ngram_size": 0},
+        {"num_draft_tokens": 0},
+        {"max_ngram_size": 17},
+    ],
+)
 def test_invalid_settings(kw):
     with pytest.raises(InvalidSettingsError):
         PromptLookupSettings(**kw)

@@ -1,95 +1,106 @@
-"""A first Gradio page: run one strategy on one prompt and watch the tokens arrive.
+"""The mtp-viz Gradio app: tabs composed with .render(), plus named API endpoints.
 
-The full explorer (timelines, replay, comparison) is its own piece of work; this page already
-streams steps from the runner and renders them from the trace alone.
+Nothing heavy happens at import or build time: models load on the first run that needs them.
 """
 
 import gradio as gr
 
 from mtp_viz.errors import UserError
+from mtp_viz.models import resolve_device
 from mtp_viz.registry import load_registry
-from mtp_viz.runner import Run, RunRequest
-from mtp_viz.strategies import STRATEGIES
-from mtp_viz.strategies.base import MAX_NEW_TOKENS_LIMIT, GenerationSettings
-from mtp_viz.trace import ORIGINS, Step
+from mtp_viz.trace import Trace
+from mtp_viz.ui import service
+from mtp_viz.ui.compare import build_compare, comparison_requests, verdicts
+from mtp_viz.ui.explore import build_explore
+from mtp_viz.viz.tables import metrics_table
 
-ORIGIN_COLOURS = {
-    "autoregressive": "#9ca3af",
-    "accepted": "#22c55e",
-    "resampled": "#f97316",
-    "bonus": "#3b82f6",
-    "unverified": "#a855f7",
-}
-assert set(ORIGIN_COLOURS) == set(ORIGINS)
-UI_MAX_NEW_TOKENS = 512
+TITLE = "mtp-viz"
+INTRO = (
+    "# mtp-viz\nSee where speculative decoding and multi-token prediction gain or lose time, token "
+    "by token. Everything below is drawn from one trace format; download a trace and open it elsewhere."
+)
 
 
-def token_spans(steps: list[Step]) -> list[tuple[str, str]]:
-    """(text, origin) pairs for gr.HighlightedText, which escapes the text itself."""
-    return [(t.text, t.origin) for s in steps for t in s.emitted]
-
-
-def summary_markdown(summary: dict, strategy: str) -> str:
-    lines = [
-        f"**{strategy}**: {summary['new_tokens']} tokens in {summary['wall_time_s']:.2f} s "
-        f"= **{summary['tokens_per_s']:.1f} tokens/s**",
-        f"target forwards: {summary['target_forwards']}, mean accepted tokens: {summary['mean_accepted_tokens']:.2f}",
-    ]
-    if summary["drafted_tokens"]:
-        lines.append(f"acceptance rate: {summary['acceptance_rate']:.1%} of {summary['drafted_tokens']} drafted")
-    return "  \n".join(lines)
-
-
-def run_stream(prompt: str, model: str, strategy: str, max_new_tokens: float, temperature: float, seed: float):
-    """Gradio callback: stream (tokens, summary, trace JSON) while decoding runs."""
+def api_run(
+    prompt: str,
+    model: str = "",
+    strategy: str = "autoregressive",
+    draft: str = "",
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    raw: bool = False,
+    num_draft_tokens: int | None = None,
+    max_ngram_size: int | None = None,
+    min_ngram_size: int | None = None,
+) -> dict:
+    """Decode one prompt with one strategy; returns the trace as JSON (docs/trace-format.md)."""
     try:
-        request = RunRequest(
-            prompt=prompt,
-            model=model,
-            strategy=strategy,
-            generation=GenerationSettings(
-                max_new_tokens=int(max_new_tokens), temperature=float(temperature), seed=int(seed)
-            ),
+        request = service.build_request(
+            prompt,
+            model,
+            strategy,
+            draft,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            raw,
+            num_draft_tokens,
+            max_ngram_size,
+            min_ngram_size,
         )
-        run = Run(request)
+        return service.run_to_end(request).to_dict()
     except UserError as e:
         raise gr.Error(str(e)) from None
-    steps = []
-    for step in run.steps():
-        steps.append(step)
-        yield token_spans(steps), f"step {step.index + 1}…", None
-    trace = run.trace
-    yield token_spans(trace.steps), summary_markdown(trace.summary, trace.strategy), trace.to_dict()
+
+
+def api_compare(
+    prompt: str,
+    strategies: list[str],
+    model: str = "",
+    draft: str = "",
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    seed: int = 0,
+    num_draft_tokens: int | None = None,
+) -> dict:
+    """Autoregressive plus the given strategies on one prompt; returns traces, metrics and verdicts."""
+    try:
+        requests = comparison_requests(
+            strategies,
+            prompt=prompt,
+            model=model,
+            draft=draft,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            num_draft_tokens=num_draft_tokens,
+        )
+        traces: list[Trace] = [service.run_to_end(r) for r in requests]
+    except UserError as e:
+        raise gr.Error(str(e)) from None
+    return {
+        "traces": [t.to_dict() for t in traces],
+        "metrics": metrics_table(traces, baseline=traces[0]).to_dict(orient="records"),
+        "verdicts": verdicts(traces),
+    }
 
 
 def build_app() -> gr.Blocks:
     registry = load_registry()
-    model_ids = list(registry.models)
-    with gr.Blocks(title="mtp-viz") as app:
-        gr.Markdown("# mtp-viz\nSee how speculative decoding and multi-token prediction spend each forward pass.")
-        with gr.Row():
-            with gr.Column(scale=1):
-                model = gr.Dropdown(model_ids, value=registry.default_for("cpu"), label="Model")
-                strategy = gr.Dropdown(
-                    [s for s, spec in STRATEGIES.items() if not spec.needs_draft],
-                    value="autoregressive",
-                    label="Strategy",
-                )
-                max_new = gr.Slider(1, min(UI_MAX_NEW_TOKENS, MAX_NEW_TOKENS_LIMIT), value=64, step=1,
-                                    label="Max new tokens")  # fmt: skip
-                temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
-                seed = gr.Number(0, precision=0, label="Seed")
-            with gr.Column(scale=2):
-                prompt = gr.Textbox(label="Prompt", lines=4, value="What is speculative decoding?")
-                go = gr.Button("Run", variant="primary")
-                tokens = gr.HighlightedText(label="Tokens by origin", color_map=ORIGIN_COLOURS, combine_adjacent=False)
-                summary = gr.Markdown()
-                trace_json = gr.JSON(label="Trace")
-        go.click(
-            run_stream,
-            [prompt, model, strategy, max_new, temperature, seed],
-            [tokens, summary, trace_json],
-            api_name="run",
-            concurrency_limit=1,
-        )
+    default_model = registry.default_for(resolve_device(None).type)
+    explore = build_explore(registry, default_model)
+    compare = build_compare(registry, default_model)
+    with gr.Blocks(title=TITLE) as app:
+        gr.Markdown(INTRO)
+        with gr.Tab("Explore"):
+            explore.render()
+        with gr.Tab("Compare"):
+            compare.render()
+        gr.api(api_run, api_name="run", concurrency_limit=4)
+        gr.api(api_compare, api_name="compare", concurrency_limit=2)
     return app

@@ -1,0 +1,193 @@
+"""The Explore tab: one strategy on one prompt, streamed, then timelines and a step-by-step replay."""
+
+import gradio as gr
+
+from mtp_viz.errors import UserError
+from mtp_viz.prompts import spec_bench
+from mtp_viz.registry import Registry
+from mtp_viz.strategies import STRATEGIES
+from mtp_viz.strategies.base import MAX_NEW_TOKENS_LIMIT
+from mtp_viz.strategies.prompt_lookup import MAX_NGRAM_SIZE
+from mtp_viz.strategies.speculative import MAX_DRAFT_TOKENS
+from mtp_viz.trace import Trace
+from mtp_viz.ui import notes, service
+from mtp_viz.viz import figures
+from mtp_viz.viz.tables import summary_html
+from mtp_viz.viz.tokens import step_detail_html, tokens_html
+
+UI_MAX_NEW_TOKENS = min(1024, MAX_NEW_TOKENS_LIMIT)
+EXAMPLE_CATEGORIES = ("translation", "summarization", "qa", "math_reasoning", "rag", "coding", "writing")
+PARAMS_OF = {  # which strategy shows which parameter control
+    "draft": {n for n, s in STRATEGIES.items() if s.needs_draft},
+    "num_draft_tokens": {"speculative", "prompt_lookup"},
+    "ngram": {"prompt_lookup"},
+}
+
+
+def example_prompts() -> list[list[str]]:
+    """One Spec-Bench question per category (Apache-2.0; attribution in mtp_viz/data/README.md)."""
+    firsts = {}
+    for q in spec_bench():
+        firsts.setdefault(q["category"], q["turns"][0])
+    return [[firsts[c]] for c in EXAMPLE_CATEGORIES if c in firsts]
+
+
+def render(trace: Trace, baselines: dict[str, float]):
+    """Everything the tab shows for a finished (or uploaded) trace."""
+    last = max(0, len(trace.steps) - 1)
+    return (
+        tokens_html(trace.steps, selected=0),
+        summary_html(trace, baselines.get(service.baseline_key(trace))),
+        figures.step_timeline(trace),
+        figures.position_acceptance(trace),
+        figures.accepted_length_histogram(trace),
+        gr.Slider(minimum=0, maximum=max(1, last), value=0, step=1, interactive=last > 0),  # a slider needs max > min
+        step_detail_html(trace, 0) if trace.steps else "",
+        figures.step_probabilities(trace, 0) if trace.steps else None,
+        service.trace_file(trace),
+        trace,
+    )
+
+
+def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
+    model_choices = [(e.label, e.id) for e in registry.models.values()]
+    first_draft = (registry.models[default_model].drafts or ("",))[0]
+    with gr.Blocks() as tab:
+        trace_state = gr.State(None)
+        baselines = gr.State({})  # baseline key → autoregressive tokens/s, per user
+        with gr.Row():
+            with gr.Column(scale=1, min_width=280):
+                model = gr.Dropdown(model_choices, value=default_model, label="Model (target)")
+                strategy = gr.Dropdown(list(STRATEGIES), value="autoregressive", label="Strategy")
+                draft = gr.Dropdown(
+                    [("(none)", "")] + model_choices, value=first_draft, label="Draft model", visible=False
+                )
+                num_draft = gr.Slider(
+                    1, MAX_DRAFT_TOKENS, value=5, step=1, label="Draft tokens per step", visible=False
+                )
+                max_ngram = gr.Slider(1, MAX_NGRAM_SIZE, value=3, step=1, label="Longest n-gram", visible=False)
+                min_ngram = gr.Slider(1, MAX_NGRAM_SIZE, value=2, step=1, label="Shortest n-gram", visible=False)
+                max_new = gr.Slider(
+                    1, UI_MAX_NEW_TOKENS, value=64, step=1, label=f"Max new tokens (limit {UI_MAX_NEW_TOKENS})"
+                )
+                temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+                top_k = gr.Number(0, precision=0, minimum=0, label="Top-k (0 = off)")
+                top_p = gr.Slider(0.01, 1.0, value=1.0, step=0.01, label="Top-p (1 = off)")
+                seed = gr.Number(0, precision=0, minimum=0, label="Seed")
+                raw = gr.Checkbox(False, label="Raw prompt (no chat template)")
+            with gr.Column(scale=3):
+                prompt = gr.Textbox(label="Prompt", lines=5, value="Explain speculative decoding in two sentences.")
+                gr.Examples(example_prompts(), [prompt], label="Spec-Bench examples (Apache-2.0)")
+                with gr.Row():
+                    go = gr.Button("Run", variant="primary")
+                    stop = gr.Button("Stop", variant="stop")
+                summary = gr.HTML()
+                tokens = gr.HTML(elem_id="mv-token-view")
+                gr.Markdown(notes.TOKENS)
+        timeline = gr.Plot(label="Step timeline")
+        gr.Markdown(notes.TIMELINE)
+        with gr.Row():
+            positions = gr.Plot(label="Acceptance by position")
+            lengths = gr.Plot(label="Tokens per forward")
+        gr.Markdown(notes.ACCEPTANCE)
+        gr.Markdown("### Step-through replay")
+        with gr.Row():
+            prev_btn = gr.Button("◀ prev", size="sm")
+            step_slider = gr.Slider(0, 1, value=0, step=1, label="Step", interactive=False, elem_id="mv-step-slider")
+            next_btn = gr.Button("next ▶", size="sm")
+        with gr.Row():
+            detail = gr.HTML()
+            pq = gr.Plot(label="p and q")
+        gr.Markdown(notes.REPLAY)
+        with gr.Row():
+            download = gr.File(label="Download this run's trace (JSON)", interactive=False)
+            upload = gr.File(
+                label=f"Open a trace (JSON, ≤ {service.MAX_TRACE_BYTES // 2**20} MB)",
+                file_types=[".json"],
+                type="filepath",
+            )
+
+        outputs = [tokens, summary, timeline, positions, lengths, step_slider, detail, pq, download, trace_state]
+
+        def show_params(strategy_name):
+            return (
+                gr.Dropdown(visible=strategy_name in PARAMS_OF["draft"]),
+                gr.Slider(visible=strategy_name in PARAMS_OF["num_draft_tokens"]),
+                gr.Slider(visible=strategy_name in PARAMS_OF["ngram"]),
+                gr.Slider(visible=strategy_name in PARAMS_OF["ngram"]),
+            )
+
+        def pick_draft(model_id):
+            entry = registry.models.get(model_id)
+            return gr.Dropdown(value=(entry.drafts[0] if entry and entry.drafts else ""))
+
+        def explore_run(
+            prompt, model, strategy, draft, k, n_max, n_min, max_new, temperature, top_k, top_p, seed, raw, baselines
+        ):
+            try:
+                request = service.build_request(
+                    prompt, model, strategy, draft, max_new, temperature, top_k, top_p, seed, raw, k, n_max, n_min
+                )
+                for steps, trace in service.stream(request):
+                    if trace is None:
+                        yield (tokens_html(steps), f"<i>decoding… step {len(steps)}</i>", *[gr.skip()] * 8, gr.skip())
+            except UserError as e:
+                raise gr.Error(str(e)) from None
+            if trace.strategy == "autoregressive":
+                baselines = {**baselines, service.baseline_key(trace): trace.summary["tokens_per_s"]}
+            yield (*render(trace, baselines), baselines)
+
+        def replay(trace, index):
+            if trace is None or not trace.steps:
+                return gr.skip(), gr.skip(), gr.skip()
+            i = min(max(int(index), 0), len(trace.steps) - 1)
+            return (
+                tokens_html(trace.steps, selected=i),
+                step_detail_html(trace, i),
+                figures.step_probabilities(trace, i),
+            )
+
+        def shift(trace, index, delta):
+            if trace is None or not trace.steps:
+                return gr.skip()
+            return min(max(int(index) + delta, 0), len(trace.steps) - 1)
+
+        def open_trace(path, baselines):
+            if not path:
+                return (*[gr.skip()] * 10,)
+            try:
+                trace = service.read_uploaded_trace(path)
+            except UserError as e:
+                raise gr.Error(str(e)) from None
+            return render(trace, baselines)
+
+        strategy.change(show_params, strategy, [draft, num_draft, max_ngram, min_ngram], api_visibility="private")
+        model.change(pick_draft, model, draft, api_visibility="private")
+        run_event = go.click(
+            explore_run,
+            [
+                prompt,
+                model,
+                strategy,
+                draft,
+                num_draft,
+                max_ngram,
+                min_ngram,
+                max_new,
+                temperature,
+                top_k,
+                top_p,
+                seed,
+                raw,
+                baselines,
+            ],
+            outputs + [baselines],
+            api_visibility="private",
+            concurrency_limit=4,
+        )
+        stop.click(None, None, None, cancels=[run_event], api_visibility="private")
+        step_slider.change(replay, [trace_state, step_slider], [tokens, detail, pq], api_visibility="private")
+        prev_btn.click(lambda t, i: shift(t, i, -1), [trace_state, step_slider], step_slider, api_visibility="private")
+        next_btn.click(lambda t, i: shift(t, i, +1), [trace_state, step_slider], step_slider, api_visibility="private")
+        upload.upload(open_trace, [upload, baselines], outputs, api_visibility="private")
+    return tab

@@ -1,0 +1,30 @@
+"""Short "what you are seeing" notes, written for a student, one per view."""
+
+TOKENS = """**What you are seeing.** Every token of the answer, coloured by where it came from. Grey tokens
+came from an ordinary forward pass of the big (target) model. Green tokens were *guessed* by a cheap
+drafter and then *checked* by the target, and the target agreed. Crossed-out red tokens were guessed and
+thrown away. The orange token after them is the target's own choice at that point. A blue **bonus** token
+comes free when every guess in a step is accepted. Each thin bar on the left marks a new step, that is,
+one forward pass of the target. Hover over a token to see its probabilities."""
+
+TIMELINE = """**What you are seeing.** One bar per step: the time spent drafting (purple) and verifying (blue).
+The lines show how many tokens were guessed and how many came out. Speculative decoding pays off when
+the drafting is cheap and many guesses survive. Then one expensive forward yields several tokens."""
+
+ACCEPTANCE = """**What you are seeing.** Left: how often the 1st, 2nd, 3rd... guessed token was accepted. Later
+positions can only be accepted if every earlier one was, so the bars usually fall. Right: how many tokens
+each target forward produced. Plain decoding always produces 1."""
+
+REPLAY = """**What you are seeing.** One step at a time. For each guessed token, q is how sure the drafter was
+and p is how likely the target finds it. When sampling, the token is kept if a random draw u falls below
+min(1, p/q). At the first rejection the target draws a replacement from what is left of its distribution,
+norm(max(0, p − q)). Because of that rule, the output follows the target's distribution exactly."""
+
+COMPARE = """**What you are seeing.** The same prompt and settings through several strategies, one after the
+other on the same machine. Speedup is tokens/s divided by autoregressive tokens/s. A lossless strategy
+must produce exactly the autoregressive tokens under greedy decoding. If it does not, the first place
+where they differ is diagnosed."""
+
+DISTRIBUTION = """**What you are seeing.** Each sampler draws the first token many times. If speculative sampling
+is lossless, its histogram matches plain sampling, apart from noise. The chi-square test puts a number
+on "apart from noise"."""

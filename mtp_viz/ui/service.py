@@ -1,0 +1,143 @@
+"""What the UI callbacks call: run a request while holding its models, stream its steps, and move
+traces in and out as files. No decoding logic and no layout here."""
+
+import json
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import fields
+from pathlib import Path
+
+from mtp_viz.errors import InvalidSettingsError, InvalidTraceError
+from mtp_viz.runner import Run, RunRequest
+from mtp_viz.strategies import get_strategy
+from mtp_viz.strategies.base import GenerationSettings
+from mtp_viz.trace import Step, Trace
+
+MAX_TRACE_BYTES = 8 * 1024 * 1024  # uploads above this are refused
+STREAM_INTERVAL_S = 0.1  # the UI redraws at most this often while a run streams
+
+# One decoding job per model at a time: runs on different models proceed in parallel.
+_model_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+_locks_guard = threading.Lock()
+
+
+def _lock_for(name: str) -> threading.Lock:
+    with _locks_guard:
+        return _model_locks[name]
+
+
+def stream(request: RunRequest) -> Iterator[tuple[list[Step], Trace | None]]:
+    """(steps so far, None) at most every STREAM_INTERVAL_S, then (all steps, trace) once."""
+    run = Run(request)
+    names = sorted({run.target.name} | ({run.draft.name} if run.draft else set()))
+    with ExitStack() as stack:
+        for name in names:  # sorted: two runs never wait on each other's locks in a cycle
+            stack.enter_context(_lock_for(name))
+        steps: list[Step] = []
+        last = 0.0
+        for step in run.steps():
+            steps.append(step)
+            now = time.perf_counter()
+            if now - last >= STREAM_INTERVAL_S:
+                last = now
+                yield steps, None
+    yield run.trace.steps, run.trace
+
+
+def run_to_end(request: RunRequest) -> Trace:
+    *_, (_, trace) = stream(request)
+    return trace
+
+
+def trace_file(trace: Trace) -> str:
+    """Write a trace to a fresh temporary file for download; the name is ours, never the user's."""
+    folder = Path(tempfile.mkdtemp(prefix="mtp-viz-"))
+    path = folder / f"trace-{trace.strategy}-{trace.model}.json".replace("/", "_")
+    trace.save(path)
+    return str(path)
+
+
+def read_uploaded_trace(path: str | None) -> Trace:
+    """Validate an uploaded trace file (size first, then JSON and schema)."""
+    if not path:
+        raise InvalidTraceError("no file was uploaded")
+    size = Path(path).stat().st_size
+    if size > MAX_TRACE_BYTES:
+        raise InvalidTraceError(f"the file has {size:,} bytes; traces up to {MAX_TRACE_BYTES:,} bytes are accepted")
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidTraceError("the file is not UTF-8 text") from None
+    return Trace.from_json(text)
+
+
+def _as_int(name: str, value) -> int:
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise InvalidSettingsError(f"{name} must be a whole number, got {value}")
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            raise InvalidSettingsError(f"{name} must be a whole number, got {value!r}") from None
+    return value
+
+
+def _as_float(name: str, value) -> float:
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise InvalidSettingsError(f"{name} must be a number, got {value!r}") from None
+    return value
+
+
+def build_request(
+    prompt: str,
+    model: str | None,
+    strategy: str,
+    draft: str | None = None,
+    max_new_tokens: float = 64,
+    temperature: float = 0.0,
+    top_k: float = 0,
+    top_p: float = 1.0,
+    seed: float = 0,
+    raw: bool = False,
+    num_draft_tokens: float | None = None,
+    max_ngram_size: float | None = None,
+    min_ngram_size: float | None = None,
+) -> RunRequest:
+    """UI values (numbers arrive as floats, empty choices as "" or None) → a validated RunRequest.
+    Only the settings the chosen strategy has are passed on."""
+    spec = get_strategy(strategy)
+    known = {f.name for f in fields(spec.settings_cls)}
+    offered = {"num_draft_tokens": num_draft_tokens, "max_ngram_size": max_ngram_size, "min_ngram_size": min_ngram_size}
+    strategy_settings = {k: _as_int(k, v) for k, v in offered.items() if k in known and v is not None}
+    generation = GenerationSettings(
+        max_new_tokens=_as_int("max_new_tokens", max_new_tokens),
+        temperature=_as_float("temperature", temperature),
+        top_k=_as_int("top_k", top_k),
+        top_p=_as_float("top_p", top_p),
+        seed=_as_int("seed", seed),
+    )
+    return RunRequest(
+        prompt=prompt,
+        model=model or None,
+        strategy=strategy,
+        draft=(draft or None) if spec.needs_draft else None,
+        raw=bool(raw),
+        generation=generation,
+        strategy_settings=strategy_settings,
+    )
+
+
+def baseline_key(trace: Trace) -> str:
+    """Runs with the same model, prompt and generation settings share an autoregressive baseline."""
+    g = {k: trace.settings[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")}
+    return json.dumps([trace.model, trace.device, trace.prompt_token_ids, g])

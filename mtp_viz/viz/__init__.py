@@ -1,0 +1,1 @@
+"""Pure functions from traces to HTML, figures and tables. No model, no Gradio."""

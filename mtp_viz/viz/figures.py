@@ -1,0 +1,165 @@
+"""Trace → plotly figures. Pure functions; one shared style (viz/style.py)."""
+
+import html
+
+import plotly.graph_objects as go
+
+from mtp_viz.trace import Trace
+from mtp_viz.viz.style import (
+    DRAFT_TIME_COLOUR,
+    OTHER_TIME_COLOUR,
+    P_COLOUR,
+    Q_COLOUR,
+    VERDICT_COLOURS,
+    VERIFY_TIME_COLOUR,
+)
+
+LAYOUT = dict(
+    template="plotly_white", margin=dict(l=50, r=20, t=40, b=40), height=320, legend=dict(orientation="h", y=1.12, x=0)
+)
+
+
+def _step_label(step) -> str:
+    return html.escape("".join(t.text for t in step.emitted))[:80]
+
+
+def step_timeline(trace: Trace) -> go.Figure:
+    """Per step: milliseconds drafting / verifying / other (bars), tokens drafted and emitted (lines)."""
+    steps = trace.steps
+    x = [s.index for s in steps]
+    texts = [_step_label(s) for s in steps]
+    fig = go.Figure()
+    for name, values, colour in (
+        ("drafting", [s.draft_s * 1e3 for s in steps], DRAFT_TIME_COLOUR),
+        ("verifying (target forward)", [s.verify_s * 1e3 for s in steps], VERIFY_TIME_COLOUR),
+        ("other", [max(0.0, s.step_s - s.draft_s - s.verify_s) * 1e3 for s in steps], OTHER_TIME_COLOUR),
+    ):
+        fig.add_bar(
+            x=x,
+            y=values,
+            name=name,
+            marker_color=colour,
+            customdata=texts,
+            hovertemplate="step %{x}: %{y:.1f} ms<br>tokens: %{customdata}<extra>" + name + "</extra>",
+        )
+    fig.add_scatter(
+        x=x,
+        y=[len(s.drafted) for s in steps],
+        name="tokens drafted",
+        yaxis="y2",
+        mode="lines+markers",
+        line=dict(color="#6b7280", dash="dot"),
+    )
+    fig.add_scatter(
+        x=x,
+        y=[len(s.emitted) for s in steps],
+        name="tokens emitted",
+        yaxis="y2",
+        mode="lines+markers",
+        line=dict(color="#16a34a"),
+    )
+    fig.update_layout(
+        **LAYOUT,
+        barmode="stack",
+        title="Where each step's time went",
+        xaxis_title="step",
+        yaxis_title="ms",
+        yaxis2=dict(title="tokens", overlaying="y", side="right", rangemode="tozero"),
+    )
+    return fig
+
+
+def position_acceptance(trace: Trace) -> go.Figure:
+    """Acceptance rate of the i-th drafted token (of steps that drafted at least i+1)."""
+    rates = trace.summary["per_position_acceptance"]
+    fig = go.Figure(
+        go.Bar(
+            x=list(range(1, len(rates) + 1)),
+            y=rates,
+            marker_color=VERDICT_COLOURS["accepted"],
+            hovertemplate="draft position %{x}: %{y:.0%} accepted<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        **LAYOUT,
+        title="Acceptance by draft position",
+        xaxis_title="draft position",
+        yaxis=dict(title="accepted", range=[0, 1], tickformat=".0%"),
+    )
+    return fig
+
+
+def accepted_length_histogram(trace: Trace) -> go.Figure:
+    """How many tokens each target forward produced (accepted drafts + the target's own token)."""
+    lengths = [len(s.emitted) for s in trace.steps]
+    top = max(lengths, default=1)
+    counts = [lengths.count(n) for n in range(1, top + 1)]
+    fig = go.Figure(
+        go.Bar(
+            x=list(range(1, top + 1)),
+            y=counts,
+            marker_color="#93c5fd",
+            hovertemplate="%{y} steps emitted %{x} tokens<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        **LAYOUT,
+        title="Tokens per target forward",
+        xaxis_title="tokens emitted in the step",
+        yaxis_title="steps",
+        xaxis=dict(dtick=1),
+    )
+    return fig
+
+
+def step_probabilities(trace: Trace, index: int) -> go.Figure:
+    """One step's drafted tokens: draft probability q beside target probability p, by verdict."""
+    step = trace.steps[index]
+    labels = [f"{i + 1}: {html.escape(repr(d.text))}" for i, d in enumerate(step.drafted)]
+    fig = go.Figure()
+    if step.drafted:
+        fig.add_bar(x=labels, y=[d.q for d in step.drafted], name="q (draft)", marker_color=Q_COLOUR)
+        fig.add_bar(
+            x=labels,
+            y=step.target_p,
+            name="p (target)",
+            marker_color=P_COLOUR,
+            marker_line=dict(color=[VERDICT_COLOURS[v] for v in step.verdicts], width=4),
+        )
+        fig.update_layout(barmode="group")
+    fig.update_layout(
+        **LAYOUT, title=f"Step {index}: p and q of each drafted token", yaxis=dict(title="probability", range=[0, 1])
+    )
+    return fig
+
+
+def speedup_bars(names: list[str], speedups: list[float]) -> go.Figure:
+    fig = go.Figure(
+        go.Bar(
+            x=names,
+            y=speedups,
+            marker_color=["#9ca3af" if s <= 1 else "#22c55e" for s in speedups],
+            text=[f"{s:.2f}x" for s in speedups],
+            textposition="outside",
+        )
+    )
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#6b7280")
+    fig.update_layout(**LAYOUT, title="Speedup over autoregressive (tokens/s ratio)", yaxis_title="x")
+    return fig
+
+
+def distribution_histogram(samples: dict[str, list[list[int]]], decode, top: int = 15) -> go.Figure:
+    """Histograms of the first sampled token per sampler (autoregressive vs a strategy)."""
+    from collections import Counter
+
+    counters = {name: Counter(s[0] for s in outs if s) for name, outs in samples.items()}
+    total = Counter()
+    for c in counters.values():
+        total.update(c)
+    tokens = [t for t, _ in total.most_common(top)]
+    fig = go.Figure()
+    for name, c in counters.items():
+        n = max(1, sum(c.values()))
+        fig.add_bar(x=[html.escape(repr(decode(t))) for t in tokens], y=[c[t] / n for t in tokens], name=name)
+    fig.update_layout(**LAYOUT, barmode="group", title="First sampled token", yaxis_title="share of samples")
+    return fig

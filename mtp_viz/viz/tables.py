@@ -1,0 +1,62 @@
+"""Traces → pandas tables. The column schema is declared once; everything else derives from it."""
+
+import pandas as pd
+
+from mtp_viz.trace import Trace
+
+# column → (summary key or callable on the trace, format)
+METRIC_COLUMNS = {
+    "strategy": lambda t: t.strategy + (f" ({t.draft_model})" if t.draft_model else ""),
+    "new tokens": "new_tokens",
+    "tokens/s": "tokens_per_s",
+    "target forwards": "target_forwards",
+    "acceptance rate": "acceptance_rate",
+    "mean accepted tokens": "mean_accepted_tokens",
+    "wall time (s)": "wall_time_s",
+}
+
+
+def metrics_table(traces: list[Trace], baseline: Trace | None = None) -> pd.DataFrame:
+    rows = []
+    for t in traces:
+        s = t.summary
+        row = {col: (key(t) if callable(key) else s[key]) for col, key in METRIC_COLUMNS.items()}
+        if baseline is not None:
+            base = baseline.summary["tokens_per_s"]
+            row["speedup"] = s["tokens_per_s"] / base if base else float("nan")
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    for col in ("tokens/s", "acceptance rate", "mean accepted tokens", "wall time (s)", "speedup"):
+        if col in df:
+            df[col] = df[col].round(3)
+    return df
+
+
+def summary_html(trace: Trace, baseline_tokens_per_s: float | None = None) -> str:
+    """The headline numbers of one run; speedup only where a matching baseline was measured."""
+    import html
+
+    s = trace.summary
+    cells = [
+        ("tokens/s", f"{s['tokens_per_s']:.1f}"),
+        ("new tokens", str(s["new_tokens"])),
+        ("target forwards", str(s["target_forwards"])),
+        ("mean accepted tokens", f"{s['mean_accepted_tokens']:.2f}"),
+        ("acceptance rate", f"{s['acceptance_rate']:.1%}" if s["drafted_tokens"] else "—"),
+    ]
+    if trace.strategy != "autoregressive":
+        speedup = (
+            f"{s['tokens_per_s'] / baseline_tokens_per_s:.2f}x" if baseline_tokens_per_s else "run autoregressive first"
+        )
+        cells.append(("speedup vs autoregressive", speedup))
+    body = "".join(
+        f"<div style='display:inline-block;margin:0 18px 6px 0'><div style='font-size:12px;color:#6b7280'>"
+        f"{html.escape(k)}</div><div style='font-size:20px;font-weight:600'>{html.escape(v)}</div></div>"
+        for k, v in cells
+    )
+    who = html.escape(
+        f"{trace.strategy} · {trace.model}"
+        + (f" + {trace.draft_model}" if trace.draft_model else "")
+        + f" · {trace.device} {trace.dtype} · stop: {trace.stop_reason}"
+    )
+    return f"<div>{body}</div><div style='font-size:12px;color:#6b7280'>{who}</div>"

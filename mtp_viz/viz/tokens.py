@@ -1,0 +1,165 @@
+"""Trace → token view HTML: each token coloured by origin, rejected drafts struck through where
+they were proposed, step boundaries visible, details on hover. Every string is escaped."""
+
+import html
+
+from mtp_viz.trace import VERDICT_ACCEPTED, VERDICT_REJECTED, DraftToken, EmittedToken, Step, Trace
+from mtp_viz.viz.style import ORIGIN_COLOURS, ORIGIN_LABELS, REJECTED_COLOUR, SKIPPED_COLOUR
+
+NEWLINE_MARK = "↵"
+TAB_MARK = "→"
+
+
+def visible(text: str) -> str:
+    """Escaped token text with newlines and tabs marked but kept (pre-wrap keeps them real)."""
+    if text == "":
+        return '<span class="mv-empty">∅</span>'  # e.g. the first half of a split character
+    out = html.escape(text, quote=True)
+    out = out.replace("\n", f'<span class="mv-ws">{NEWLINE_MARK}</span>\n')
+    out = out.replace("\t", f'<span class="mv-ws">{TAB_MARK}</span>\t')
+    return out
+
+
+def _fmt(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3f}"
+
+
+def _ratio(p: float | None, q: float | None) -> str:
+    if p is None or q is None or q <= 0:
+        return "—"
+    return f"{min(1.0, p / q):.3f}"
+
+
+def draft_tooltip(step: Step, i: int) -> str:
+    d: DraftToken = step.drafted[i]
+    parts = [
+        f"step {step.index}",
+        f"draft #{i + 1} ({d.source})",
+        f"verdict: {step.verdicts[i]}",
+        f"q (draft) = {_fmt(d.q)}",
+        f"p (target) = {_fmt(step.target_p[i])}",
+        f"min(1, p/q) = {_ratio(step.target_p[i], d.q)}",
+    ]
+    if step.draws[i] is not None:
+        parts.append(f"draw u = {step.draws[i]:.3f}")
+    parts.append(f"token id {d.token_id}")
+    return " · ".join(parts)
+
+
+def emitted_tooltip(step: Step, e: EmittedToken, draft_index: int | None) -> str:
+    if draft_index is not None:
+        return draft_tooltip(step, draft_index)
+    parts = [f"step {step.index}", ORIGIN_LABELS[e.origin], f"p (target) = {_fmt(e.p)}"]
+    if e.confidence is not None:
+        parts.append(f"confidence = {e.confidence:.3f}")
+    parts.append(f"token id {e.token_id}")
+    return " · ".join(parts)
+
+
+def _span(text: str, colour: str, tooltip: str, classes: str) -> str:
+    return (
+        f'<span class="mv-tok {classes}" style="background:{colour}" '
+        f'title="{html.escape(tooltip, quote=True)}">{visible(text)}</span>'
+    )
+
+
+def step_html(step: Step, selected: bool = False) -> str:
+    """One step: kept tokens, then the thrown-away drafts struck through, then the target's token."""
+    parts = []
+    accepted = [i for i, v in enumerate(step.verdicts) if v == VERDICT_ACCEPTED]
+    emitted = list(step.emitted)
+    for i, e in zip(accepted, emitted, strict=False):
+        parts.append(_span(e.text, ORIGIN_COLOURS[e.origin], emitted_tooltip(step, e, i), e.origin))
+    for i, v in enumerate(step.verdicts):
+        if v != VERDICT_ACCEPTED:
+            colour = REJECTED_COLOUR if v == VERDICT_REJECTED else SKIPPED_COLOUR
+            parts.append(_span(step.drafted[i].text, colour, draft_tooltip(step, i), f"mv-drop {v}"))
+    for e in emitted[len(accepted) :]:
+        parts.append(_span(e.text, ORIGIN_COLOURS[e.origin], emitted_tooltip(step, e, None), e.origin))
+    cls = "mv-step mv-selected" if selected else "mv-step"
+    return f'<span class="{cls}" data-step="{step.index}">{"".join(parts)}</span>'
+
+
+TOKEN_CSS = """
+.mv-tokens{white-space:pre-wrap;font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:14px;
+  line-height:1.9;color:#111827}
+.mv-tok{border-radius:3px;padding:1px 0;margin:0 1px 0 0}
+.mv-drop{text-decoration:line-through;text-decoration-thickness:2px;opacity:.8}
+.mv-drop.skipped{opacity:.45}
+.mv-step{border-left:2px solid #9ca3af;padding-left:2px;margin-left:1px}
+.mv-selected{outline:2px solid #111827;outline-offset:1px}
+.mv-ws{color:#6b7280}
+.mv-empty{color:#9ca3af;font-size:10px}
+.mv-legend span{display:inline-block;border-radius:3px;padding:0 6px;margin:2px 6px 2px 0;font-size:12px}
+"""
+
+
+def legend_html() -> str:
+    items = [
+        f'<span style="background:{ORIGIN_COLOURS[o]}">{html.escape(label)}</span>'
+        for o, label in ORIGIN_LABELS.items()
+    ]
+    items.append(f'<span style="background:{REJECTED_COLOUR};text-decoration:line-through">rejected draft</span>')
+    items.append(f'<span style="background:{SKIPPED_COLOUR};text-decoration:line-through">never judged</span>')
+    return f'<div class="mv-legend">{"".join(items)}</div>'
+
+
+def tokens_html(steps: list[Step], selected: int | None = None, prompt: str | None = None) -> str:
+    """The whole token view; `selected` outlines one step (the replay slider)."""
+    body = "".join(step_html(s, s.index == selected) for s in steps)
+    head = f'<span class="mv-prompt" style="color:#6b7280">{visible(prompt)}</span>' if prompt else ""
+    return f'<style>{TOKEN_CSS}</style>{legend_html()}<div class="mv-tokens">{head}{body}</div>'
+
+
+def trace_html(trace: Trace, selected: int | None = None) -> str:
+    return tokens_html(trace.steps, selected)
+
+
+def _why(step: Step, i: int, greedy: bool) -> str:
+    v, p, q, u = step.verdicts[i], step.target_p[i], step.drafted[i].q, step.draws[i]
+    if v == "skipped":
+        return "not judged: an earlier draft was rejected (or EOS / the token budget came first)"
+    if greedy:
+        return (
+            "the target's argmax is this token" if v == VERDICT_ACCEPTED else "the target's argmax is a different token"
+        )
+    keep = _ratio(p, q)
+    if v == VERDICT_ACCEPTED:
+        return f"u = {_fmt(u)} < min(1, p/q) = {keep}: kept"
+    return f"u = {_fmt(u)} ≥ min(1, p/q) = {keep}: thrown away"
+
+
+def step_detail_html(trace: Trace, index: int) -> str:
+    """The replay panel: every drafted token with q, p, the rule's numbers and its verdict, then
+    what the step emitted and why."""
+    step = trace.steps[index]
+    greedy = trace.settings.get("temperature", 0.0) == 0.0
+    e = html.escape
+    rows = "".join(
+        f"<tr><td>{i + 1}</td><td><code>{visible(d.text)}</code></td><td>{e(d.source)}</td><td>{_fmt(d.q)}</td>"
+        f"<td>{_fmt(step.target_p[i])}</td><td>{_ratio(step.target_p[i], d.q)}</td>"
+        f"<td>{_fmt(step.draws[i])}</td><td>{e(step.verdicts[i])}</td><td>{e(_why(step, i, greedy))}</td></tr>"
+        for i, d in enumerate(step.drafted)
+    )
+    drafted = (
+        "<table class='mv-detail'><tr><th>#</th><th>token</th><th>source</th><th>q draft</th><th>p target</th>"
+        f"<th>min(1, p/q)</th><th>draw u</th><th>verdict</th><th>why</th></tr>{rows}</table>"
+        if step.drafted
+        else "<p>Nothing was drafted in this step: the target ran one ordinary forward.</p>"
+    )
+    emitted = ", ".join(
+        f"<code>{visible(t.text)}</code> ({e(ORIGIN_LABELS[t.origin])}, p = {_fmt(t.p)})" for t in step.emitted
+    )
+    timing = (
+        f"drafting {step.draft_s * 1e3:.1f} ms, verifying {step.verify_s * 1e3:.1f} ms, "
+        f"step {step.step_s * 1e3:.1f} ms; {step.input_tokens} tokens fed to the target, "
+        f"KV cache {step.kv_len} long"
+    )
+    style = (
+        "<style>.mv-detail{border-collapse:collapse;font-size:13px}.mv-detail td,.mv-detail th"
+        "{border:1px solid #e5e7eb;padding:2px 6px;white-space:pre-wrap}</style>"
+    )
+    return (
+        f"{style}<h4>Step {step.index} of {len(trace.steps) - 1}</h4>{drafted}"
+        f"<p><b>Emitted:</b> {emitted or 'nothing'}</p><p>{e(timing)}</p>"
+    )

@@ -1,0 +1,99 @@
+"""A real browser (Debian's chromium via Playwright) drives the app: type, Run, see coloured tokens
+and the timeline, scrub a step, no error toast; an uploaded hostile trace injects no element.
+Screenshots land in test-artifacts/."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mtp_viz.trace import Trace
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="Debian's chromium is not installed"),
+]
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_registry):
+    import os
+
+    os.environ["MTP_VIZ_MODELS"] = str(tiny_registry)
+    from mtp_viz.ui.app import build_app
+
+    app = build_app().queue()
+    app.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
+    try:
+        yield app.local_url
+    finally:
+        app.close()
+        del os.environ["MTP_VIZ_MODELS"]
+
+
+@pytest.fixture
+def page(app_url):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--disable-quic",
+            ],
+        )
+        page = browser.new_page(viewport={"width": 1400, "height": 1800})
+        alerts = []
+        page.on("dialog", lambda d: (alerts.append(d.message), d.dismiss()))
+        page.alerts = alerts
+        page.goto(app_url)
+        page.wait_for_selector("text=Run", timeout=30_000)
+        yield page
+        browser.close()
+
+
+def _no_error_toast(page) -> None:
+    assert page.locator(".toast-body.error, [data-testid='toast-body'].error").count() == 0
+    assert page.get_by_text("Error", exact=True).count() == 0
+
+
+def test_run_stream_scrub(page):
+    prompt = page.get_by_label("Prompt").first
+    prompt.fill("the cat sat on the mat and the cat sat on the")
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.wait_for_selector("#mv-token-view .mv-tok", timeout=60_000)
+    page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+    page.wait_for_selector("text=Step 0 of", timeout=60_000)
+    assert page.locator("#mv-token-view .mv-tok").count() > 3
+    slider = page.locator("#mv-step-slider input[type='number']")
+    slider.fill("2")
+    slider.press("Enter")
+    page.wait_for_selector("text=Step 2 of", timeout=30_000)
+    assert page.locator("#mv-token-view .mv-selected[data-step='2']").count() == 1
+    _no_error_toast(page)
+    page.screenshot(path=str(ARTIFACTS / "explore.png"), full_page=True)
+
+
+def test_uploaded_trace_with_markup_tokens_injects_nothing(page, tmp_path):
+    from test_views import XSS, canned_trace
+
+    trace: Trace = canned_trace()
+    path = tmp_path / "hostile.json"
+    trace.save(path)
+    page.locator("input[type='file']").last.set_input_files(str(path))
+    page.wait_for_selector("#mv-token-view .mv-tok", timeout=30_000)
+    assert page.locator("#mv-token-view img").count() == 0
+    assert page.locator("#mv-token-view b").count() == 0
+    assert XSS in page.locator("#mv-token-view").inner_text()
+    assert page.alerts == []
+    page.screenshot(path=str(ARTIFACTS / "hostile-trace.png"), full_page=True)
