@@ -68,7 +68,7 @@ def _no_error_toast(page) -> None:
 
 
 def test_run_stream_scrub(page):
-    prompt = page.get_by_label("Prompt").first
+    prompt = page.locator("#mv-prompt textarea")
     prompt.fill("the cat sat on the mat and the cat sat on the")
     page.get_by_role("button", name="Run", exact=True).click()
     page.wait_for_selector("#mv-token-view .mv-tok", timeout=60_000)

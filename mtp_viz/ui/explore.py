@@ -76,7 +76,9 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                 seed = gr.Number(0, precision=0, minimum=0, label="Seed")
                 raw = gr.Checkbox(False, label="Raw prompt (no chat template)")
             with gr.Column(scale=3):
-                prompt = gr.Textbox(label="Prompt", lines=5, value="Explain speculative decoding in two sentences.")
+                prompt = gr.Textbox(
+                    label="Prompt", lines=5, value="Explain speculative decoding in two sentences.", elem_id="mv-prompt"
+                )
                 gr.Examples(example_prompts(), [prompt], label="Spec-Bench examples (Apache-2.0)")
                 with gr.Row():
                     go = gr.Button("Run", variant="primary")

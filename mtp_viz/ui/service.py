@@ -139,5 +139,5 @@ def build_request(
 
 def baseline_key(trace: Trace) -> str:
     """Runs with the same model, prompt and generation settings share an autoregressive baseline."""
-    g = {k: trace.settings[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")}
+    g = {k: trace.settings.get(k) for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")}
     return json.dumps([trace.model, trace.device, trace.prompt_token_ids, g])
