@@ -68,6 +68,9 @@ def _no_error_toast(page) -> None:
 
 
 def test_run_stream_scrub(page):
+    page.locator("#mv-strategy input").click()
+    page.get_by_role("option", name="prompt_lookup").click()
+    page.wait_for_selector("text=Shortest n-gram", timeout=10_000)  # its own parameters appear
     prompt = page.locator("#mv-prompt textarea")
     prompt.fill("the cat sat on the mat and the cat sat on the")
     page.get_by_role("button", name="Run", exact=True).click()
@@ -75,6 +78,7 @@ def test_run_stream_scrub(page):
     page.wait_for_selector(".js-plotly-plot", timeout=60_000)
     page.wait_for_selector("text=Step 0 of", timeout=60_000)
     assert page.locator("#mv-token-view .mv-tok").count() > 3
+    assert page.locator("#mv-token-view .mv-tok.accepted").count() > 0  # drafts were copied and kept
     slider = page.locator("#mv-step-slider input[type='number']")
     slider.fill("2")
     slider.press("Enter")

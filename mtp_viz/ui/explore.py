@@ -1,5 +1,7 @@
 """The Explore tab: one strategy on one prompt, streamed, then timelines and a step-by-step replay."""
 
+from pathlib import Path
+
 import gradio as gr
 
 from mtp_viz.errors import UserError
@@ -16,6 +18,7 @@ from mtp_viz.viz.tables import summary_html
 from mtp_viz.viz.tokens import step_detail_html, tokens_html
 
 UI_MAX_NEW_TOKENS = min(1024, MAX_NEW_TOKENS_LIMIT)
+EXAMPLE_TRACES = Path(__file__).resolve().parent.parent.parent / "assets" / "examples"
 EXAMPLE_CATEGORIES = ("translation", "summarization", "qa", "math_reasoning", "rag", "coding", "writing")
 PARAMS_OF = {  # which strategy shows which parameter control
     "draft": {n for n, s in STRATEGIES.items() if s.needs_draft},
@@ -30,6 +33,11 @@ def example_prompts() -> list[list[str]]:
     for q in spec_bench():
         firsts.setdefault(q["category"], q["turns"][0])
     return [[firsts[c]] for c in EXAMPLE_CATEGORIES if c in firsts]
+
+
+def example_traces() -> dict[str, Path]:
+    """Shipped traces (recorded by scripts/make_example_traces.py), by file stem."""
+    return {p.stem: p for p in sorted(EXAMPLE_TRACES.glob("*.json"))}
 
 
 def render(trace: Trace, baselines: dict[str, float]):
@@ -58,7 +66,9 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
         with gr.Row():
             with gr.Column(scale=1, min_width=280):
                 model = gr.Dropdown(model_choices, value=default_model, label="Model (target)")
-                strategy = gr.Dropdown(list(STRATEGIES), value="autoregressive", label="Strategy")
+                strategy = gr.Dropdown(
+                    list(STRATEGIES), value="autoregressive", label="Strategy", elem_id="mv-strategy"
+                )
                 draft = gr.Dropdown(
                     [("(none)", "")] + model_choices, value=first_draft, label="Draft model", visible=False
                 )
@@ -103,6 +113,7 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
         gr.Markdown(notes.REPLAY)
         with gr.Row():
             download = gr.File(label="Download this run's trace (JSON)", interactive=False)
+            example = gr.Dropdown(list(example_traces()), value=None, label="…or open an example trace")
             upload = gr.File(
                 label=f"Open a trace (JSON, ≤ {service.MAX_TRACE_BYTES // 2**20} MB)",
                 file_types=[".json"],
@@ -184,7 +195,8 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                 baselines,
             ],
             outputs + [baselines],
-            api_visibility="private",
+            api_name="explore_stream",  # undocumented: the streaming benchmark drives it
+            api_visibility="undocumented",
             concurrency_limit=4,
         )
         stop.click(None, None, None, cancels=[run_event], api_visibility="private")
@@ -192,4 +204,10 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
         prev_btn.click(lambda t, i: shift(t, i, -1), [trace_state, step_slider], step_slider, api_visibility="private")
         next_btn.click(lambda t, i: shift(t, i, +1), [trace_state, step_slider], step_slider, api_visibility="private")
         upload.upload(open_trace, [upload, baselines], outputs, api_visibility="private")
+        example.change(
+            lambda name, b: render(Trace.load(example_traces()[name]), b) if name else (*[gr.skip()] * 10,),
+            [example, baselines],
+            outputs,
+            api_visibility="private",
+        )
     return tab

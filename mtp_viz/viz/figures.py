@@ -19,6 +19,13 @@ LAYOUT = dict(
 )
 
 
+def _empty_note(fig: go.Figure, text: str) -> go.Figure:
+    fig.add_annotation(
+        text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14, color="#6b7280")
+    )
+    return fig
+
+
 def _step_label(step) -> str:
     return html.escape("".join(t.text for t in step.emitted))[:80]
 

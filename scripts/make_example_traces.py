@@ -1,0 +1,42 @@
+"""Record the example traces shipped in assets/examples (they render without running a model).
+
+.venv/bin/python scripts/make_example_traces.py
+"""
+
+from pathlib import Path
+
+from mtp_viz.models import quiet_transformers
+from mtp_viz.prompts import CODE_EDIT_PROMPT, spec_bench_prompt
+from mtp_viz.runner import RunRequest, run
+from mtp_viz.strategies.base import GenerationSettings
+
+OUT = Path(__file__).resolve().parent.parent / "assets" / "examples"
+EXAMPLES = {
+    "autoregressive-code-edit": RunRequest(prompt=CODE_EDIT_PROMPT, generation=GenerationSettings(max_new_tokens=96)),
+    "prompt-lookup-code-edit": RunRequest(
+        prompt=CODE_EDIT_PROMPT, strategy="prompt_lookup", generation=GenerationSettings(max_new_tokens=96)
+    ),
+    "speculative-early-exit-sampling": RunRequest(
+        prompt=spec_bench_prompt(121),
+        strategy="speculative",
+        strategy_settings={"num_draft_tokens": 4},
+        generation=GenerationSettings(max_new_tokens=64, temperature=0.7, top_p=0.9, seed=1),
+    ),
+}
+
+
+def main() -> None:
+    quiet_transformers()
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, request in EXAMPLES.items():
+        trace = run(request)
+        trace.save(OUT / f"{name}.json")
+        s = trace.summary
+        print(
+            f"{name}: {s['new_tokens']} tokens, {s['tokens_per_s']:.1f} tokens/s, "
+            f"acceptance {s['acceptance_rate']:.0%}, mean accepted {s['mean_accepted_tokens']:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""What the UI callbacks rely on, without a browser: requests from UI values, streaming with a
+per-model lock, cancellation, concurrent runs, uploads, comparison verdicts and their diagnosis."""
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mtp_viz.errors import InvalidSettingsError, InvalidTraceError, UserError
+from mtp_viz.quality import diagnose_divergence, lossless_verdict
+from mtp_viz.runner import Run
+from mtp_viz.ui import service
+from mtp_viz.ui.compare import MAX_COMPARED, comparison_requests
+
+
+def test_build_request_keeps_only_the_strategy_settings():
+    r = service.build_request(
+        "hi", "tiny", "autoregressive", draft="tiny-draft", max_new_tokens=12.0, num_draft_tokens=7, max_ngram_size=3
+    )
+    assert r.strategy_settings == {} and r.draft is None and r.generation.max_new_tokens == 12
+    r = service.build_request("hi", "", "prompt_lookup", num_draft_tokens=7.0, max_ngram_size=4, min_ngram_size=1)
+    assert r.model is None and r.strategy_settings == {"num_draft_tokens": 7, "max_ngram_size": 4, "min_ngram_size": 1}
+    with pytest.raises(InvalidSettingsError, match="whole number"):
+        service.build_request("hi", "tiny", "autoregressive", max_new_tokens=2.5)
+
+
+def test_comparison_requests_put_autoregressive_first():
+    rs = comparison_requests(["prompt_lookup", "autoregressive", "prompt_lookup"], prompt="x", model="tiny")
+    assert [r.strategy for r in rs] == ["autoregressive", "prompt_lookup"]
+    with pytest.raises(UserError, match="at least one"):
+        comparison_requests([], prompt="x", model="tiny")
+    with pytest.raises(UserError, match="at most"):
+        comparison_requests(["speculative", "prompt_lookup", "a", "b"][:MAX_COMPARED], prompt="x", model="tiny")
+
+
+def test_stream_yields_partial_steps_then_the_trace(use_tiny_registry, monkeypatch):
+    monkeypatch.setattr(service, "STREAM_INTERVAL_S", 0.0)
+    updates = list(service.stream(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=5)))
+    assert [t is None for _, t in updates] == [True] * (len(updates) - 1) + [False]
+    assert len(updates[-1][1].steps) == len(updates[-2][0])
+
+
+def test_closing_a_stream_releases_the_model_lock(use_tiny_registry, monkeypatch):
+    monkeypatch.setattr(service, "STREAM_INTERVAL_S", 0.0)
+    gen = service.stream(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=20))
+    next(gen)
+    lock = service._lock_for("tiny")
+    assert not lock.acquire(blocking=False)  # held while decoding
+    gen.close()  # what Gradio does when Stop is pressed
+    assert lock.acquire(blocking=False)
+    lock.release()
+
+
+def test_cancel_stops_after_the_current_step(use_tiny_registry):
+    run = Run(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=50))
+    for step in run.steps():
+        if step.index == 2:
+            run.cancel()
+    assert run.trace.stop_reason == "cancelled" and len(run.trace.steps) == 3
+
+
+def test_concurrent_runs_do_not_cross_talk(use_tiny_registry):
+    prompts = ["the cat sat", "a bird sang a song", "the dog ran to the park", "def add ( a , b )"]
+    requests = [
+        service.build_request(p, "tiny", s, max_new_tokens=16)
+        for p in prompts
+        for s in ("autoregressive", "speculative", "prompt_lookup")
+    ]
+    alone = [service.run_to_end(r).output_token_ids for r in requests]
+    together: list = [None] * len(requests)
+
+    def work(i):
+        together[i] = service.run_to_end(requests[i]).output_token_ids
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert together == alone
+
+
+def test_uploads_are_size_limited_and_validated(tmp_path, monkeypatch):
+    big = tmp_path / "big.json"
+    big.write_text("x" * 200)
+    monkeypatch.setattr(service, "MAX_TRACE_BYTES", 100)
+    with pytest.raises(InvalidTraceError, match="bytes"):
+        service.read_uploaded_trace(str(big))
+    monkeypatch.undo()
+    cases = {"binary.json": b"\xff\xfe\x00", "truncated.json": b'{"schema_version": 1, "steps": [', "other.json": b"[]"}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(InvalidTraceError):
+            service.read_uploaded_trace(str(tmp_path / name))
+    with pytest.raises(InvalidTraceError):
+        service.read_uploaded_trace(None)
+
+
+class _TiedModel:
+    """A stand-in target whose top two logits are `gap` apart."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, gap):
+        self.gap = gap
+
+    def __call__(self, ids, logits_to_keep=1):
+        logits = torch.zeros(1, 1, 8)
+        logits[0, 0, 3], logits[0, 0, 5] = 10.0, 10.0 - self.gap
+        return SimpleNamespace(logits=logits)
+
+
+def test_divergence_diagnosis_tells_a_near_tie_from_a_bug():
+    near = diagnose_divergence(_TiedModel(1e-5), [1, 2], [4, 3, 3], [4, 5, 3])
+    assert near.position == 1 and near.near_tie and "near-tie" in near.explain()
+    bug = diagnose_divergence(_TiedModel(2.0), [1, 2], [4, 3, 3], [4, 5, 3])
+    assert not bug.near_tie and "bug" in bug.explain()
+    assert diagnose_divergence(_TiedModel(2.0), [1], [4, 3], [4, 3]) is None
+
+
+def test_lossless_verdict_lines(use_tiny_registry):
+    a = service.run_to_end(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=8))
+    b = service.run_to_end(service.build_request("the cat", "tiny", "prompt_lookup", max_new_tokens=8))
+    assert lossless_verdict(a, b) == "identical to autoregressive"
+    b.output_token_ids = b.output_token_ids[:3] + [0] + b.output_token_ids[4:]
+    assert "token 3" in lossless_verdict(a, b)
+    sampled = service.run_to_end(service.build_request("the cat", "tiny", "prompt_lookup", temperature=1.0))
+    assert "distribution check" in lossless_verdict(a, sampled)
