@@ -101,3 +101,14 @@ def test_uploaded_trace_with_markup_tokens_injects_nothing(page, tmp_path):
     assert XSS in page.locator("#mv-token-view").inner_text()
     assert page.alerts == []
     page.screenshot(path=str(ARTIFACTS / "hostile-trace.png"), full_page=True)
+
+
+def test_compare_tab(page):
+    page.get_by_role("tab", name="Compare").click()
+    page.get_by_role("button", name="Compare", exact=True).click()
+    page.wait_for_selector("#mv-verdicts li", timeout=90_000)
+    verdicts = page.locator("#mv-verdicts").inner_text()
+    assert "prompt_lookup: identical to autoregressive" in verdicts
+    assert "speculative: identical to autoregressive" in verdicts
+    _no_error_toast(page)
+    page.screenshot(path=str(ARTIFACTS / "compare.png"), full_page=True)

@@ -127,3 +127,18 @@ def test_lossless_verdict_lines(use_tiny_registry):
     assert "token 3" in lossless_verdict(a, b)
     sampled = service.run_to_end(service.build_request("the cat", "tiny", "prompt_lookup", temperature=1.0))
     assert "distribution check" in lossless_verdict(a, sampled)
+
+
+def test_uploaded_traces_compare_with_autoregressive_first(use_tiny_registry, tmp_path):
+    from mtp_viz.ui.compare import uploaded_comparison
+
+    paths = []
+    for s in ("prompt_lookup", "autoregressive"):
+        t = service.run_to_end(service.build_request("the cat sat", "tiny", s, max_new_tokens=6))
+        paths.append(service.trace_file(t))
+    traces = uploaded_comparison(paths)
+    assert [t.strategy for t in traces] == ["autoregressive", "prompt_lookup"]
+    with pytest.raises(UserError, match="autoregressive"):
+        uploaded_comparison([paths[0], paths[0]])
+    with pytest.raises(UserError, match="upload 2"):
+        uploaded_comparison(paths[:1])

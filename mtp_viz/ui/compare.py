@@ -38,7 +38,10 @@ def verdicts(traces: list[Trace]) -> dict[str, str]:
     for t in traces[1:]:
         if STRATEGIES[t.strategy].lossless:
             if model is None and t.output_token_ids != reference.output_token_ids:
-                model = load_model(reference.model).model
+                try:
+                    model = load_model(reference.model).model
+                except UserError:  # an uploaded trace of a model this machine cannot load
+                    model = None
             out[t.strategy] = lossless_verdict(reference, t, model)
         else:
             out[t.strategy] = "lossy by design: quality is measured, not assumed"
@@ -50,8 +53,7 @@ def verdicts_html(v: dict[str, str]) -> str:
     return f"<ul>{items}</ul>"
 
 
-def comparison_views(traces: list[Trace]):
-    """Token views, metrics table, speedup bars and verdicts for a finished comparison."""
+def token_views(traces: list[Trace]) -> list:
     views = []
     for i in range(MAX_COMPARED):
         if i < len(traces):
@@ -59,10 +61,30 @@ def comparison_views(traces: list[Trace]):
             views.append(gr.HTML(f"<h4>{html.escape(t.strategy)}</h4>" + tokens_html(t.steps), visible=True))
         else:
             views.append(gr.HTML("", visible=False))
+    return views
+
+
+def comparison_views(traces: list[Trace]):
+    """Token views, metrics table, speedup bars, verdicts and trace files for a finished comparison."""
+    views = token_views(traces)
     base = traces[0]
     table = metrics_table(traces, baseline=base)
     speed = figures.speedup_bars([t.strategy for t in traces], list(table["speedup"]))
-    return (*views, table, speed, verdicts_html(verdicts(traces)))
+    files = [service.trace_file(t) for t in traces]
+    return (*views, table, speed, verdicts_html(verdicts(traces)), files)
+
+
+def uploaded_comparison(paths: list[str] | None) -> list[Trace]:
+    """Uploaded traces, the autoregressive one first as the baseline."""
+    traces = [service.read_uploaded_trace(p) for p in paths or []]
+    if not 2 <= len(traces) <= MAX_COMPARED:
+        raise UserError(f"upload 2 to {MAX_COMPARED} traces, one of them autoregressive")
+    traces.sort(key=lambda t: t.strategy != "autoregressive")
+    if traces[0].strategy != "autoregressive":
+        raise UserError("one of the uploaded traces must be an autoregressive run: it is the baseline")
+    if len({tuple(t.prompt_token_ids) for t in traces}) > 1:
+        raise UserError("the uploaded traces are of different prompts; compare runs of one prompt")
+    return traces
 
 
 def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
@@ -92,9 +114,17 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
                 with gr.Row():
                     go = gr.Button("Compare", variant="primary")
                     stop = gr.Button("Stop", variant="stop")
-                verdict_box = gr.HTML()
+                verdict_box = gr.HTML(elem_id="mv-verdicts")
                 table = gr.Dataframe(label="Metrics", interactive=False)
                 speed = gr.Plot(label="Speedup")
+                with gr.Row():
+                    downloads = gr.File(label="Download the traces (JSON)", file_count="multiple", interactive=False)
+                    uploads = gr.File(
+                        label="…or compare uploaded traces (2-4, one autoregressive)",
+                        file_count="multiple",
+                        file_types=[".json"],
+                        type="filepath",
+                    )
         with gr.Row():
             views = [gr.HTML(visible=False) for _ in range(MAX_COMPARED)]
         gr.Markdown("### Is speculative sampling lossless? The distribution check")
@@ -121,12 +151,8 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
                 traces = []
                 for r in requests:
                     traces.append(service.run_to_end(r))
-                    yield (
-                        *comparison_views(traces)[:MAX_COMPARED],
-                        gr.skip(),
-                        gr.skip(),
-                        f"<i>finished {len(traces)} of {len(requests)}…</i>",
-                    )
+                    progress = f"<i>finished {len(traces)} of {len(requests)}…</i>"
+                    yield (*token_views(traces), gr.skip(), gr.skip(), progress, gr.skip())
                 yield comparison_views(traces)
             except UserError as e:
                 raise gr.Error(str(e)) from None
@@ -160,9 +186,19 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
         event = go.click(
             compare_run,
             [prompt, model, draft, strategies, num_draft, max_new, temperature, seed],
-            [*views, table, speed, verdict_box],
+            [*views, table, speed, verdict_box, downloads],
             api_visibility="private",
             concurrency_limit=2,
+        )
+
+        def compare_uploaded(paths):
+            try:
+                return comparison_views(uploaded_comparison(paths))
+            except UserError as e:
+                raise gr.Error(str(e)) from None
+
+        uploads.upload(
+            compare_uploaded, uploads, [*views, table, speed, verdict_box, downloads], api_visibility="private"
         )
         stop.click(None, None, None, cancels=[event], api_visibility="private")
         dist_go.click(
