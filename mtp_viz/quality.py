@@ -96,7 +96,8 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 def check_distribution(request, samples: int) -> dict:
     """Sample `request.generation.max_new_tokens` tokens `samples` times with autoregressive
-    sampling and with `request.strategy` (seeds seed, seed+1, ...), and test that they agree.
+    sampling and with `request.strategy` (seeds seed .. seed+samples-1 for the first, the next
+    `samples` seeds for the second), and test that they agree.
 
     Returns {"autoregressive": [[ids...], ...], "<strategy>": [[ids...], ...], "verdict": {...}}.
     """
@@ -110,10 +111,12 @@ def check_distribution(request, samples: int) -> dict:
         raise InvalidSettingsError("the distribution check needs sampling: set a temperature above 0")
     out: dict = {}
     runs = {}
-    for strategy in dict.fromkeys(("autoregressive", request.strategy)):
+    for offset, strategy in enumerate(dict.fromkeys(("autoregressive", request.strategy))):
         outputs = []
         for i in range(samples):
-            gen = replace(request.generation, seed=request.generation.seed + i)
+            # Disjoint seeds per sampler: shared seeds would couple the samples and make the
+            # two-sample test blind to a difference.
+            gen = replace(request.generation, seed=request.generation.seed + offset * samples + i)
             run = Run(
                 replace(
                     request,

@@ -110,5 +110,8 @@ def test_compare_tab(page):
     verdicts = page.locator("#mv-verdicts").inner_text()
     assert "prompt_lookup: identical to autoregressive" in verdicts
     assert "speculative: identical to autoregressive" in verdicts
+    page.get_by_role("button", name="Run the distribution check").click()
+    page.wait_for_selector("#mv-dist-verdict b", timeout=120_000)
+    assert "vs the exact target distribution: p =" in page.locator("#mv-dist-verdict").inner_text()
     _no_error_toast(page)
     page.screenshot(path=str(ARTIFACTS / "compare.png"), full_page=True)

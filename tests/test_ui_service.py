@@ -34,22 +34,34 @@ def test_comparison_requests_put_autoregressive_first():
         comparison_requests(["speculative", "prompt_lookup", "a", "b"][:MAX_COMPARED], prompt="x", model="tiny")
 
 
-def test_stream_yields_partial_steps_then_the_trace(use_tiny_registry, monkeypatch):
-    monkeypatch.setattr(service, "STREAM_INTERVAL_S", 0.0)
-    updates = list(service.stream(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=5)))
-    assert [t is None for _, t in updates] == [True] * (len(updates) - 1) + [False]
-    assert len(updates[-1][1].steps) == len(updates[-2][0])
+def test_stream_yields_growing_snapshots_then_the_trace(use_tiny_registry, monkeypatch):
+    monkeypatch.setattr(service, "STREAM_INTERVAL_S", 0.01)
+    updates = list(service.stream(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=200)))
+    *partial, (final_steps, trace) = updates
+    assert trace is not None and final_steps == trace.steps and len(partial) > 1
+    for steps, t in partial:
+        assert t is None and steps == trace.steps[: len(steps)]
 
 
-def test_closing_a_stream_releases_the_model_lock(use_tiny_registry, monkeypatch):
-    monkeypatch.setattr(service, "STREAM_INTERVAL_S", 0.0)
-    gen = service.stream(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=20))
-    next(gen)
+def test_closing_a_stream_cancels_the_run_and_releases_the_model_lock(use_tiny_registry, monkeypatch):
+    monkeypatch.setattr(service, "STREAM_INTERVAL_S", 0.01)
+    gen = service.stream(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=400))
+    steps, _ = next(gen)
     lock = service._lock_for("tiny")
     assert not lock.acquire(blocking=False)  # held while decoding
     gen.close()  # what Gradio does when Stop is pressed
     assert lock.acquire(blocking=False)
     lock.release()
+
+
+def test_errors_inside_the_decoding_thread_reach_the_caller(use_tiny_registry, monkeypatch):
+    def broken(self):
+        raise RuntimeError("boom")
+        yield
+
+    monkeypatch.setattr(Run, "steps", broken)
+    with pytest.raises(RuntimeError, match="boom"):
+        list(service.stream(service.build_request("the cat", "tiny", "autoregressive")))
 
 
 def test_cancel_stops_after_the_current_step(use_tiny_registry):

@@ -134,7 +134,7 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
             dist_temperature = gr.Slider(0.1, 2.0, value=1.0, step=0.05, label="Temperature")
             dist_go = gr.Button("Run the distribution check")
         dist_plot = gr.Plot(label="First sampled token")
-        dist_verdict = gr.HTML()
+        dist_verdict = gr.HTML(elem_id="mv-dist-verdict")
 
         def compare_run(prompt, model, draft, strategies, k, max_new, temperature, seed):
             try:

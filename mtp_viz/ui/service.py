@@ -4,7 +4,6 @@ traces in and out as files. No decoding logic and no layout here."""
 import json
 import tempfile
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -18,7 +17,7 @@ from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import Step, Trace
 
 MAX_TRACE_BYTES = 8 * 1024 * 1024  # uploads above this are refused
-STREAM_INTERVAL_S = 0.1  # the UI redraws at most this often while a run streams
+STREAM_INTERVAL_S = 0.25  # the UI redraws this often while a run streams
 
 # One decoding job per model at a time: runs on different models proceed in parallel.
 _model_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
@@ -30,21 +29,40 @@ def _lock_for(name: str) -> threading.Lock:
         return _model_locks[name]
 
 
-def stream(request: RunRequest) -> Iterator[tuple[list[Step], Trace | None]]:
-    """(steps so far, None) at most every STREAM_INTERVAL_S, then (all steps, trace) once."""
-    run = Run(request)
+def _decode(run: Run, steps: list[Step], errors: list[BaseException]) -> None:
+    """Worker thread: hold the models' locks and decode, never waiting for the UI."""
     names = sorted({run.target.name} | ({run.draft.name} if run.draft else set()))
-    with ExitStack() as stack:
-        for name in names:  # sorted: two runs never wait on each other's locks in a cycle
-            stack.enter_context(_lock_for(name))
-        steps: list[Step] = []
-        last = 0.0
-        for step in run.steps():
-            steps.append(step)
-            now = time.perf_counter()
-            if now - last >= STREAM_INTERVAL_S:
-                last = now
-                yield steps, None
+    try:
+        with ExitStack() as stack:
+            for name in names:  # sorted: two runs never wait on each other's locks in a cycle
+                stack.enter_context(_lock_for(name))
+            for step in run.steps():
+                steps.append(step)
+    except BaseException as e:  # handed to the caller's thread
+        errors.append(e)
+
+
+def stream(request: RunRequest) -> Iterator[tuple[list[Step], Trace | None]]:
+    """(steps so far, None) every STREAM_INTERVAL_S while decoding runs, then (all steps, trace).
+
+    Decoding runs in its own thread, so rendering and sending an update never pauses it; closing
+    this generator (Gradio does when Stop is pressed) cancels the run within one step."""
+    run = Run(request)  # validation errors surface here, before any thread starts
+    steps: list[Step] = []
+    errors: list[BaseException] = []
+    worker = threading.Thread(target=_decode, args=(run, steps, errors), daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(STREAM_INTERVAL_S)
+            if worker.is_alive() and steps:
+                yield list(steps), None
+    finally:
+        if worker.is_alive():
+            run.cancel()
+            worker.join()
+    if errors:
+        raise errors[0]
     yield run.trace.steps, run.trace
 
 
