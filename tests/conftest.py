@@ -155,6 +155,23 @@ def use_tiny_registry(tiny_registry, monkeypatch):
     return tiny_registry
 
 
+@pytest.fixture(scope="module")
+def served_app(tiny_registry):
+    """The whole Gradio app on a free local port, with the tiny models as its registry."""
+    import os
+
+    os.environ["MTP_VIZ_MODELS"] = str(tiny_registry)
+    from mtp_viz.ui.app import build_app
+
+    app = build_app().queue()
+    app.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
+    try:
+        yield app.local_url
+    finally:
+        app.close()
+        del os.environ["MTP_VIZ_MODELS"]
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -5,22 +5,6 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def served_app(tiny_registry):
-    import os
-
-    os.environ["MTP_VIZ_MODELS"] = str(tiny_registry)
-    from mtp_viz.ui.app import build_app
-
-    app = build_app().queue()
-    app.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
-    try:
-        yield app.local_url
-    finally:
-        app.close()
-        del os.environ["MTP_VIZ_MODELS"]
-
-
-@pytest.fixture(scope="module")
 def client(served_app):
     from gradio_client import Client
 

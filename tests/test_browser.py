@@ -17,24 +17,8 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def app_url(tiny_registry):
-    import os
-
-    os.environ["MTP_VIZ_MODELS"] = str(tiny_registry)
-    from mtp_viz.ui.app import build_app
-
-    app = build_app().queue()
-    app.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
-    try:
-        yield app.local_url
-    finally:
-        app.close()
-        del os.environ["MTP_VIZ_MODELS"]
-
-
 @pytest.fixture
-def page(app_url):
+def page(served_app):
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -56,7 +40,7 @@ def page(app_url):
         alerts = []
         page.on("dialog", lambda d: (alerts.append(d.message), d.dismiss()))
         page.alerts = alerts
-        page.goto(app_url)
+        page.goto(served_app)
         page.wait_for_selector("text=Run", timeout=30_000)
         yield page
         browser.close()
