@@ -6,10 +6,10 @@ target verifies in one forward. When nothing matches the step is a plain autoreg
 so a prompt with nothing to copy costs what autoregressive decoding costs.
 
 Why `min_ngram_size` defaults to 2 (transformers goes down to 1): on a laptop CPU a forward over
-2-16 tokens costs ~1.9x a one-token forward, and a draft found from a single matching token keeps
-only 0.36 tokens on average (SmolLM2-135M, five Spec-Bench-style prompts), so drafting from it
-loses time; 2-gram matches keep ~1.0 and 3-grams ~2.4. On a GPU, where verifying a few tokens
-costs about one forward, `min_ngram_size=1` pays.
+a draft costs ~2x a one-token forward, and a draft found from a single matching token keeps only
+0.37 tokens on average (SmolLM2-135M, five Spec-Bench-style prompts; 2-gram matches keep 0.98,
+3-grams 2.36; benchmarks/prompt_lookup_stats.py), so drafting from it loses time. On a GPU,
+where verifying a few tokens costs about one forward, `min_ngram_size=1` pays.
 """
 
 from collections.abc import Iterator
