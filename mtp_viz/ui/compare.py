@@ -181,6 +181,9 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
                 f"{name} vs the exact target distribution: p = {t['p_value']:.3g} ({t['verdict']})"
                 for name, t in v["first_token_vs_exact"].items()
             ]
+            if "sequences_two_sample" in v:
+                t = v["sequences_two_sample"]
+                lines.append(f"first 2 tokens, autoregressive vs speculative: p = {t['p_value']:.3g} ({t['verdict']})")
             return fig, "<br>".join(html.escape(x) for x in lines) + f"<br><b>verdict: {html.escape(v['overall'])}</b>"
 
         event = go.click(
