@@ -48,7 +48,35 @@ def _parser() -> argparse.ArgumentParser:
     dist.add_argument("--tokens", type=int, default=2, help="tokens sampled per run")
     dist.add_argument("--samples", type=int, default=200)
     dist.add_argument("--out", type=Path, required=True)
+    prof = sub.add_parser("profile", help="measure the verify-cost curve (and draft cost ratio c) on this device")
+    prof.add_argument("--model", help="registry id or local model directory (default: the device's default)")
+    prof.add_argument("--draft", help="draft model, to measure c")
+    prof.add_argument("--max-k", type=int, default=32)
+    prof.add_argument("--repeats", type=int, default=5)
+    prof.add_argument("--device", default="auto")
+    prof.add_argument("--dtype", default="auto")
+    prof.add_argument("--out", type=Path, required=True)
     return parser
+
+
+def _cmd_profile(args) -> None:
+    from mtp_viz.models import load_model, resolve_device
+    from mtp_viz.profile import profile
+    from mtp_viz.registry import load_registry
+
+    if not 1 <= args.max_k <= 256 or not 1 <= args.repeats <= 100:
+        raise UserError("--max-k must be 1..256 and --repeats 1..100")
+    name = args.model or load_registry().default_for(resolve_device(args.device).type)
+    target = load_model(name, args.device, args.dtype)
+    draft = load_model(args.draft, args.device, args.dtype) if args.draft else None
+    result = profile(target, draft, max_k=args.max_k, repeats=args.repeats)
+    args.out.write_text(json.dumps(result.as_dict(), indent=1))
+    curve = ", ".join(f"{k}: {v:.2f}" for k, v in result.verify_cost.items() if k in (1, 2, 4, 8, 16, 32))
+    print(f"{result.model} on {result.device} ({result.dtype}): one-token forward {result.one_token_s * 1e3:.1f} ms")
+    print(f"verify cost relative to one token (k: x): {curve}")
+    if result.c is not None:
+        print(f"draft {result.draft_model}: c = {result.c:.3f}")
+    print(f"written to {args.out}")
 
 
 def _request(args, max_new_tokens: int, default_temperature: float):
@@ -122,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet_transformers()
     args = _parser().parse_args(argv)
     try:
-        {"run": _cmd_run, "check-distribution": _cmd_check_distribution}[args.command](args)
+        commands = {"run": _cmd_run, "check-distribution": _cmd_check_distribution, "profile": _cmd_profile}
+        commands[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

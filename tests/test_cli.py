@@ -159,3 +159,17 @@ def test_bad_input_in_a_real_process(use_tiny_registry):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: the prompt is empty"
+
+
+def test_profile_writes_a_verify_cost_curve(use_tiny_registry, tmp_path, capsys):
+    out = tmp_path / "profile.json"
+    assert (
+        main(
+            ["profile", "--model", "tiny", "--draft", "tiny-draft", "--max-k", "4", "--repeats", "2", "--out", str(out)]
+        )
+        == 0
+    )
+    result = json.loads(out.read_text())
+    assert list(result["verify_cost"]) == ["1", "2", "3", "4"] and result["verify_cost"]["1"] == 1.0
+    assert all(v > 0 for v in result["verify_cost"].values()) and result["c"] > 0
+    assert "verify cost" in capsys.readouterr().out
