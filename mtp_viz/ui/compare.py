@@ -150,7 +150,11 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
                 )
                 traces = []
                 for r in requests:
-                    traces.append(service.run_to_end(r))
+                    for steps, trace in service.stream(r):  # a yield per update: Stop lands within a step
+                        if trace is None:
+                            progress = f"<i>{html.escape(r.strategy)}: step {len(steps)}…</i>"
+                            yield (*[gr.skip()] * MAX_COMPARED, gr.skip(), gr.skip(), progress, gr.skip())
+                    traces.append(trace)
                     progress = f"<i>finished {len(traces)} of {len(requests)}…</i>"
                     yield (*token_views(traces), gr.skip(), gr.skip(), progress, gr.skip())
                 yield comparison_views(traces)
