@@ -48,6 +48,18 @@ def _parser() -> argparse.ArgumentParser:
     dist.add_argument("--tokens", type=int, default=2, help="tokens sampled per run")
     dist.add_argument("--samples", type=int, default=200)
     dist.add_argument("--out", type=Path, required=True)
+    bench = sub.add_parser("bench", help="run strategies over a prompt suite; tables, CSV, JSON and traces")
+    bench.add_argument("--suite", default="spec-bench")
+    bench.add_argument("--categories", help="comma-separated, default: all")
+    bench.add_argument("--limit", type=int, help="prompts per category")
+    bench.add_argument("--strategies", default="autoregressive,prompt_lookup", help="comma-separated")
+    bench.add_argument("--model")
+    bench.add_argument("--draft")
+    bench.add_argument("--num-draft-tokens", type=int)
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--device", default="auto")
+    bench.add_argument("--dtype", default="auto")
+    bench.add_argument("--out", type=Path, required=True)
     prof = sub.add_parser("profile", help="measure the verify-cost curve (and draft cost ratio c) on this device")
     prof.add_argument("--model", help="registry id or local model directory (default: the device's default)")
     prof.add_argument("--draft", help="draft model, to measure c")
@@ -57,6 +69,41 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--dtype", default="auto")
     prof.add_argument("--out", type=Path, required=True)
     return parser
+
+
+def _cmd_bench(args) -> None:
+    from tqdm import tqdm
+
+    from mtp_viz.bench import load_suite, run_bench, save
+    from mtp_viz.runner import RunRequest
+    from mtp_viz.strategies.base import GenerationSettings
+
+    if args.limit is not None and args.limit < 1:
+        raise UserError("--limit must be at least 1")
+    categories = [c for c in (args.categories or "").split(",") if c] or None
+    prompts = load_suite(args.suite, categories, args.limit)
+    strategies = [s for s in args.strategies.split(",") if s]
+    base = RunRequest(
+        model=args.model,
+        draft=args.draft,
+        device=args.device,
+        dtype=args.dtype,
+        generation=GenerationSettings(max_new_tokens=args.max_new_tokens),
+    )
+    own = {"num_draft_tokens": args.num_draft_tokens} if args.num_draft_tokens is not None else {}
+
+    def settings_for(strategy: str) -> dict:
+        from dataclasses import fields
+
+        from mtp_viz.strategies import get_strategy
+
+        return {k: v for k, v in own.items() if k in {f.name for f in fields(get_strategy(strategy).settings_cls)}}
+
+    with tqdm(total=len(prompts) * len(set(strategies) | {"autoregressive"}), unit="run") as bar:
+        traces = run_bench(prompts, strategies, base, settings_for, progress=lambda done, _: bar.update(1))
+    summary = save(args.out, prompts, traces)
+    print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"results, summary and traces written to {args.out}")
 
 
 def _cmd_profile(args) -> None:
@@ -150,7 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     quiet_transformers()
     args = _parser().parse_args(argv)
     try:
-        commands = {"run": _cmd_run, "check-distribution": _cmd_check_distribution, "profile": _cmd_profile}
+        commands = {
+            "run": _cmd_run,
+            "check-distribution": _cmd_check_distribution,
+            "profile": _cmd_profile,
+            "bench": _cmd_bench,
+        }
         commands[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
