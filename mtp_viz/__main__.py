@@ -75,7 +75,7 @@ def _cmd_bench(args) -> None:
     from tqdm import tqdm
 
     from mtp_viz.bench import load_suite, run_bench, save
-    from mtp_viz.runner import RunRequest
+    from mtp_viz.runner import RunRequest, settings_of
     from mtp_viz.strategies.base import GenerationSettings
 
     if args.limit is not None and args.limit < 1:
@@ -90,14 +90,9 @@ def _cmd_bench(args) -> None:
         dtype=args.dtype,
         generation=GenerationSettings(max_new_tokens=args.max_new_tokens),
     )
-    own = {"num_draft_tokens": args.num_draft_tokens} if args.num_draft_tokens is not None else {}
 
     def settings_for(strategy: str) -> dict:
-        from dataclasses import fields
-
-        from mtp_viz.strategies import get_strategy
-
-        return {k: v for k, v in own.items() if k in {f.name for f in fields(get_strategy(strategy).settings_cls)}}
+        return settings_of(strategy, {"num_draft_tokens": args.num_draft_tokens})
 
     with tqdm(total=len(prompts) * len(set(strategies) | {"autoregressive"}), unit="run") as bar:
         traces = run_bench(prompts, strategies, base, settings_for, progress=lambda done, _: bar.update(1))

@@ -2,12 +2,14 @@
 
 from collections import Counter
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from scipy import stats
 
+from mtp_viz.errors import InvalidSettingsError
+from mtp_viz.runner import Run
 from mtp_viz.sampling import probs_from_logits
 from mtp_viz.strategies.base import GenerationSettings
 
@@ -101,13 +103,7 @@ def check_distribution(request, samples: int) -> dict:
 
     Returns {"autoregressive": [[ids...], ...], "<strategy>": [[ids...], ...], "verdict": {...}}.
     """
-    from dataclasses import replace
-
-    from mtp_viz.runner import Run
-
     if request.generation.warp.greedy:
-        from mtp_viz.errors import InvalidSettingsError
-
         raise InvalidSettingsError("the distribution check needs sampling: set a temperature above 0")
     out: dict = {}
     runs = {}

@@ -39,10 +39,21 @@ class RunRequest:
     record: str = RECORD_FULL
 
 
+def setting_names(strategy: str) -> set[str]:
+    return {f.name for f in fields(get_strategy(strategy).settings_cls)}
+
+
+def settings_of(strategy: str, offered: dict[str, Any]) -> dict[str, Any]:
+    """The offered values this strategy has a setting for (None means unset): for callers, like the
+    UI and the bench, that hold one set of controls for every strategy."""
+    known = setting_names(strategy)
+    return {k: v for k, v in offered.items() if k in known and v is not None}
+
+
 def build_strategy_settings(strategy: str, values: dict[str, Any]):
     """Keyword values → the strategy's frozen settings; unknown keys are an error."""
     spec = get_strategy(strategy)
-    known = {f.name for f in fields(spec.settings_cls)}
+    known = setting_names(strategy)
     unknown = sorted(set(values) - known)
     if unknown:
         allowed = ", ".join(sorted(known)) or "none"

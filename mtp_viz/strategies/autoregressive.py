@@ -20,8 +20,9 @@ def run(ctx: DecodeContext, settings: AutoregressiveSettings) -> Iterator[Step]:
     index = 0
     while not ctx.done:
         start = ctx.clock.now()
-        fed = len(ctx.seq) - target.length
-        logits = target.forward(ctx.seq)[-1]  # (V,)
+        seq = ctx.seq
+        fed = len(seq) - target.length
+        logits = target.forward(seq)[-1]  # (V,)
         token, p = ctx.next_token(logits)
         end = ctx.clock.now()
         ctx.output.append(token)

@@ -7,11 +7,10 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import fields
 from pathlib import Path
 
 from mtp_viz.errors import InvalidSettingsError, InvalidTraceError
-from mtp_viz.runner import Run, RunRequest
+from mtp_viz.runner import Run, RunRequest, settings_of
 from mtp_viz.strategies import get_strategy
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import Step, Trace
@@ -134,9 +133,8 @@ def build_request(
     """UI values (numbers arrive as floats, empty choices as "" or None) → a validated RunRequest.
     Only the settings the chosen strategy has are passed on."""
     spec = get_strategy(strategy)
-    known = {f.name for f in fields(spec.settings_cls)}
     offered = {"num_draft_tokens": num_draft_tokens, "max_ngram_size": max_ngram_size, "min_ngram_size": min_ngram_size}
-    strategy_settings = {k: _as_int(k, v) for k, v in offered.items() if k in known and v is not None}
+    strategy_settings = {k: _as_int(k, v) for k, v in settings_of(strategy, offered).items()}
     generation = GenerationSettings(
         max_new_tokens=_as_int("max_new_tokens", max_new_tokens),
         temperature=_as_float("temperature", temperature),

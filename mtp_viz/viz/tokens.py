@@ -111,10 +111,6 @@ def tokens_html(steps: list[Step], selected: int | None = None, prompt: str | No
     return f'<style>{TOKEN_CSS}</style>{legend_html()}<div class="mv-tokens">{head}{body}</div>'
 
 
-def trace_html(trace: Trace, selected: int | None = None) -> str:
-    return tokens_html(trace.steps, selected)
-
-
 def _why(step: Step, i: int, greedy: bool) -> str:
     v, p, q, u = step.verdicts[i], step.target_p[i], step.drafted[i].q, step.draws[i]
     if v == "skipped":
