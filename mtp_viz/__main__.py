@@ -68,7 +68,32 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--device", default="auto")
     prof.add_argument("--dtype", default="auto")
     prof.add_argument("--out", type=Path, required=True)
+    _add_train(sub)
     return parser
+
+
+def _add_train(sub) -> None:
+    t = sub.add_parser(
+        "train",
+        help="train drafters for a frozen target: data (cached self-distillation set), draft (a small draft model), "
+        "heads (sequential MTP heads)",
+    )
+    t.add_argument("what", choices=("data", "draft", "heads"))
+    t.add_argument("--model", help="the frozen target (default: the device's default)")
+    t.add_argument("--data", type=Path, help="data folder (default: <cache>/train/<model>)")
+    t.add_argument("--out", type=Path, help="where the trained draft or heads go (required for draft and heads)")
+    t.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--instructions", type=int, help="data: round-1 prompts")
+    t.add_argument("--contexts", type=int, help="data: round-2 (summarise / context QA) prompts")
+    t.add_argument("--max-new-tokens", type=int, help="data: tokens generated per prompt")
+    t.add_argument("--batch-size", type=int, help="data: prompts decoded together")
+    t.add_argument("--layers", type=int, help="draft: decoder layers")
+    t.add_argument("--depth", type=int, help="heads: depths unrolled in training")
+    t.add_argument("--vocab", type=int, help="reduced vocabulary size")
+    t.add_argument("--epochs", type=int)
+    t.add_argument("--lr", type=float)
+    t.add_argument("--device", default="cpu")
 
 
 def _cmd_bench(args) -> None:
@@ -119,6 +144,44 @@ def _cmd_profile(args) -> None:
     if result.c is not None:
         print(f"draft {result.draft_model}: c = {result.c:.3f}")
     print(f"written to {args.out}")
+
+
+def _cmd_train(args) -> None:
+    from dataclasses import replace
+
+    from mtp_viz.models import cache_root, load_model
+    from mtp_viz.registry import load_registry
+    from mtp_viz.training.data import DataConfig, generate
+    from mtp_viz.training.draft import DraftTrainConfig, train_draft
+    from mtp_viz.training.heads import HeadsTrainConfig, train_heads
+
+    name = args.model or load_registry().default_for(args.device)
+    target = load_model(name, args.device, "float32")
+    data = args.data or cache_root() / "train" / target.name
+    given = lambda **kw: {k: v for k, v in kw.items() if v is not None}  # noqa: E731
+    data_flags = given(
+        instructions=args.instructions,
+        contexts=args.contexts,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+    )
+    # Without data flags an existing folder keeps its own settings (and is only finished if incomplete).
+    generate(target, data, DataConfig(**data_flags, seed=args.seed) if data_flags else None)
+    if args.what == "data":
+        return
+    if args.out is None:
+        raise UserError(f"train {args.what} needs --out DIR")
+    loop = given(epochs=args.epochs, lr=args.lr)
+    if args.what == "draft":
+        cfg = DraftTrainConfig(**given(layers=args.layers, reduced_vocab=args.vocab))
+        cfg = replace(cfg, loop=replace(cfg.loop, seed=args.seed, **loop))
+        report = train_draft(target, data, args.out, cfg, args.resume)
+    else:
+        cfg = HeadsTrainConfig(**given(depth=args.depth, reduced_vocab=args.vocab))
+        cfg = replace(cfg, loop=replace(cfg.loop, seed=args.seed, **loop))
+        report = train_heads(target, data, args.out, cfg, args.resume)
+    final = report["history"][-1] if report["history"] else report["before"]
+    print(f"{args.what} trained in {report['seconds']:.0f} s and saved to {args.out}: {final}")
 
 
 def _request(args, max_new_tokens: int, default_temperature: float):
@@ -197,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             "check-distribution": _cmd_check_distribution,
             "profile": _cmd_profile,
             "bench": _cmd_bench,
+            "train": _cmd_train,
         }
         commands[args.command](args)
     except UserError as e:

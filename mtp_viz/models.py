@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from mtp_viz.drafters.draft import load_draft
+from mtp_viz.drafters.heads import MTPHeads, load_heads
 from mtp_viz.errors import IncompatibleDraftError, UnknownModelError, UserError
 from mtp_viz.registry import ModelEntry, Source, load_registry
 
@@ -130,12 +132,13 @@ def _load_cached(name: str, device: str, dtype: str) -> LoadedModel:
 def _load_entry(entry: ModelEntry, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     reasons = []
     for source in entry.sources:
-        if source.kind == "early_exit":
+        if source.kind in ("early_exit", "trained_draft"):
             base = _load_cached(source.base, str(device), str(dtype).removeprefix("torch."))
-            model = early_exit_view(base.model, source.layers)
-            return _wrap(
-                entry.id, model, base.tokenizer, chat=entry.chat, source=f"early_exit:{source.base}[:{source.layers}]"
-            )
+            if source.kind == "early_exit":
+                model, where = early_exit_view(base.model, source.layers), f"{source.base}[:{source.layers}]"
+            else:
+                model, where = load_draft(base.model, Path(source.path)), source.path
+            return _wrap(entry.id, model, base.tokenizer, chat=entry.chat, source=f"{source.kind}:{where}")
         path, why = _locate(entry, source)
         if path is None:
             reasons.append(f"{source.kind}: {why}")
@@ -213,6 +216,35 @@ def early_exit_view(model: PreTrainedModel, layers: int) -> PreTrainedModel:
     view.lm_head = model.lm_head
     view.generation_config = model.generation_config
     return view.eval()
+
+
+def load_heads_for(target: LoadedModel, heads: str | None = None) -> tuple[str, MTPHeads]:
+    """The named heads (registry id or a directory), or the target's first registered ones."""
+    registry = load_registry()
+    if heads is None:
+        entry = registry.models.get(target.name)
+        if entry is None or not entry.heads:
+            raise UserError(
+                f"no MTP heads are registered for {target.name}; train some (python -m mtp_viz train heads)"
+            )
+        heads = entry.heads[0]
+    if heads in registry.heads:
+        entry = registry.get_heads(heads)
+        if entry.base != target.name:
+            raise UserError(f"heads {heads} were trained for {entry.base}, not {target.name}")
+        path = Path(entry.path)
+    elif Path(heads).is_dir():
+        path = Path(heads)
+    else:
+        registry.get_heads(heads)  # raises with the list of known heads
+        raise AssertionError("unreachable")
+    with _load_lock:
+        return heads, _heads_cached(target, str(path))
+
+
+@cache
+def _heads_cached(target: LoadedModel, path: str) -> MTPHeads:
+    return load_heads(target.model, Path(path))
 
 
 def _from_dir(path: Path, device: torch.device, dtype: torch.dtype):

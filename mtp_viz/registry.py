@@ -1,7 +1,7 @@
 """models.yaml → validated registry entries; the default model for a device."""
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -11,7 +11,7 @@ from mtp_viz.errors import UnknownModelError
 
 REGISTRY_ENV = "MTP_VIZ_MODELS"  # path of another models.yaml (tests point it at tiny models)
 DEFAULT_REGISTRY = Path(__file__).resolve().parent.parent / "models.yaml"
-SOURCE_KINDS = ("cache", "hub", "gguf_wheel", "local", "early_exit")
+SOURCE_KINDS = ("cache", "hub", "gguf_wheel", "local", "early_exit", "trained_draft")
 
 
 @dataclass(frozen=True)
@@ -20,8 +20,8 @@ class Source:
     repo: str | None = None  # hub
     package: str | None = None  # gguf_wheel
     file: str | None = None  # gguf_wheel
-    path: str | None = None  # local
-    base: str | None = None  # early_exit: the registry id whose first `layers` layers this model is
+    path: str | None = None  # local, trained_draft
+    base: str | None = None  # early_exit, trained_draft: the registry id whose modules this model shares
     layers: int | None = None  # early_exit
 
 
@@ -32,12 +32,31 @@ class ModelEntry:
     sources: tuple[Source, ...]
     chat: bool = True
     drafts: tuple[str, ...] = ()
+    heads: tuple[str, ...] = ()  # MTP heads trained for this model, best first
+
+
+@dataclass(frozen=True)
+class HeadsEntry:
+    """Trained MTP heads (mtp_viz.drafters.heads) for one registered base model."""
+
+    id: str
+    label: str
+    base: str
+    path: str
 
 
 @dataclass(frozen=True)
 class Registry:
     models: dict[str, ModelEntry]
     defaults: dict[str, str]  # device type → model id
+    heads: dict[str, HeadsEntry] = field(default_factory=dict)
+
+    def get_heads(self, heads_id: str) -> HeadsEntry:
+        try:
+            return self.heads[heads_id]
+        except KeyError:
+            known = ", ".join(self.heads) or "none"
+            raise UnknownModelError(f"unknown heads {heads_id!r} (registered: {known})") from None
 
     def get(self, model_id: str) -> ModelEntry:
         try:
@@ -68,12 +87,24 @@ def parse_registry(data: dict, base_dir: Path) -> Registry:
             sources=tuple(sources),
             chat=bool(raw.get("chat", True)),
             drafts=tuple(raw.get("drafts", ())),
+            heads=tuple(raw.get("heads", ())),
         )
         models[entry.id] = entry
+    heads = {}
+    for raw in data.get("heads", ()):
+        h = HeadsEntry(raw["id"], raw.get("label", raw["id"]), raw["base"], str((base_dir / raw["path"]).resolve()))
+        if h.base not in models:
+            raise ValueError(f"heads {h.id}: base {h.base!r} is not in the registry")
+        heads[h.id] = h
     for entry in models.values():
         for s in entry.sources:
             if s.kind == "early_exit" and (s.base not in models or not s.layers):
                 raise ValueError(f"model {entry.id}: early_exit needs a registered base and a layer count")
+            if s.kind == "trained_draft" and (s.base not in models or not s.path):
+                raise ValueError(f"model {entry.id}: trained_draft needs a registered base and a path")
+        for h in entry.heads:
+            if h not in heads:
+                raise ValueError(f"model {entry.id}: heads {h!r} are not in the registry")
         for d in entry.drafts:
             if d not in models:
                 raise ValueError(f"model {entry.id}: draft {d!r} is not in the registry")
@@ -81,7 +112,7 @@ def parse_registry(data: dict, base_dir: Path) -> Registry:
     for device, model_id in defaults.items():
         if model_id not in models:
             raise ValueError(f"default for {device}: {model_id!r} is not in the registry")
-    return Registry(models, defaults)
+    return Registry(models, defaults, heads)
 
 
 @cache
