@@ -90,7 +90,7 @@ def results_table(prompts: list[BenchPrompt], traces: dict[str, list[Trace]]) ->
                     "accepted_tokens": s["accepted_tokens"],
                     "identical": div is None,
                     "agreement": _agreement(ref.output_token_ids, t.output_token_ids),
-                    "lossless": STRATEGIES[strategy].lossless,
+                    "lossless": STRATEGIES[strategy].is_lossless(t.settings),
                 }
             )
     return pd.DataFrame(rows)

@@ -4,10 +4,34 @@ Every strategy keeps one `CachedModel` per model it runs. The cache holds the ke
 first `length` tokens of the sequence the strategy is building; `forward(seq)` feeds whatever of
 `seq` the cache has not seen yet (the whole prompt on the first call), and `rollback(n)` forgets
 everything after position n, e.g. the rejected part of a draft block.
+
+Token trees (MTP heads, lookahead) go through `forward_hidden`: the unseen part of the sequence,
+then extra tokens that see the sequence and only the extra tokens a visibility matrix allows (for
+a tree: their own ancestors, at position = the root's position + depth). `keep` then retains the
+key/values of the accepted tokens alone, so the cache again holds one plain sequence.
 """
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+
+
+def node_depths(parents: list[int]) -> list[int]:
+    """Depth of each tree node (1 for children of the root, parent −1); parents precede children."""
+    depth: list[int] = []
+    for i, parent in enumerate(parents):
+        assert parent < i, "a node's parent must come before it"
+        depth.append(1 if parent < 0 else depth[parent] + 1)
+    return depth
+
+
+def tree_visibility(parents: list[int]) -> torch.Tensor:
+    """(n, n) bool: node i may attend to node j iff j is i or one of its ancestors."""
+    n = len(parents)
+    seen = torch.eye(n, dtype=torch.bool)
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            seen[i] |= seen[parent]
+    return seen
 
 
 class CachedModel:
@@ -35,6 +59,57 @@ class CachedModel:
         self.length = len(seq)
         self.forwards += 1
         return out.logits[0, :, : self.vocab_size].float()  # (logits_to_keep, V)
+
+    @torch.inference_mode()
+    def forward_hidden(
+        self,
+        seq: list[int],
+        extra: list[int] = (),
+        offsets: list[int] = (),
+        visibility: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed `seq[self.length:]` causally, then `extra` tokens placed at seq's last position +
+        `offsets`, each seeing the whole sequence and the extra tokens `visibility` (n, n) allows
+        (a token tree: offsets = depths, visibility = `tree_visibility`). Returns logits (1 + n, V)
+        and final hidden states (1 + n, H): a row for seq's last token, then one per extra token.
+        With no extra tokens this is a plain forward that also returns the hidden state.
+
+        The cache then also holds the extra tokens: call `keep` (or `rollback`) before the next forward.
+        """
+        chain = seq[self.length :]
+        assert chain, "forward needs at least one token the cache has not seen"
+        past, c, n = self.length, len(chain), len(extra)
+        positions = list(range(past, past + c)) + [past + c - 1 + o for o in offsets]
+        mask = None
+        if n:
+            allowed = torch.zeros(c + n, past + c + n, dtype=torch.bool)
+            allowed[:, : past + c] = True
+            allowed[:c, past : past + c] = torch.ones(c, c, dtype=torch.bool).tril()
+            allowed[c:, past + c :] = visibility
+            dtype = self.model.dtype
+            mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+            mask = mask[None, None].to(self.device)  # (1, 1, c+n, past+c+n)
+        out = self.model.get_decoder()(
+            input_ids=torch.tensor([chain + list(extra)], dtype=torch.long, device=self.device),
+            attention_mask=mask,
+            position_ids=torch.tensor([positions], dtype=torch.long, device=self.device),
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        hidden = out.last_hidden_state[0, c - 1 :]  # (1+n, H)
+        logits = self.model.get_output_embeddings()(hidden)[:, : self.vocab_size].float()
+        self.length = past + c + n
+        self.forwards += 1
+        return logits, hidden
+
+    def keep(self, start: int, rows: list[int]) -> None:
+        """Keep the cache up to `start`, then only the entries at start + r for r in rows (in order)."""
+        index = torch.tensor(list(range(start)) + [start + r for r in rows], dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            if layer.is_initialized and layer.keys.numel():
+                layer.keys = layer.keys.index_select(-2, index)
+                layer.values = layer.values.index_select(-2, index)
+        self.length = len(index)
 
     def rollback(self, length: int) -> None:
         """Forget the cached key/values of every position >= `length`."""

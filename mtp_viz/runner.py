@@ -13,7 +13,14 @@ import torch
 from mtp_viz.clock import Clock
 from mtp_viz.detok import TextTracker
 from mtp_viz.errors import InvalidSettingsError, UserError
-from mtp_viz.models import LoadedModel, encode_prompt, load_model, resolve_device, shared_vocab_size
+from mtp_viz.models import (
+    LoadedModel,
+    encode_prompt,
+    load_heads_for,
+    load_model,
+    resolve_device,
+    shared_vocab_size,
+)
 from mtp_viz.registry import load_registry
 from mtp_viz.strategies import get_strategy
 from mtp_viz.strategies.base import DecodeContext, GenerationSettings
@@ -31,6 +38,7 @@ class RunRequest:
     model: str | None = None  # registry id or local model directory; None: the device's default
     strategy: str = "autoregressive"
     draft: str | None = None  # None: the model's first registered draft, if the strategy needs one
+    heads: str | None = None  # None: the model's first registered MTP heads, if the strategy needs them
     raw: bool = False  # True: no chat template
     generation: GenerationSettings = field(default_factory=GenerationSettings)
     strategy_settings: dict[str, Any] = field(default_factory=dict)
@@ -74,6 +82,9 @@ class Run:
         model_name = request.model or load_registry().default_for(device.type)
         self.target = load_model(model_name, request.device, request.dtype)
         self.draft = self._load_draft(model_name) if self.spec.needs_draft else None
+        self.heads_name, self.heads = (
+            load_heads_for(self.target, request.heads) if self.spec.needs_heads else (None, None)
+        )
         self.vocab_size = (
             shared_vocab_size(self.target, self.draft) if self.draft else self.target.model.config.vocab_size
         )
@@ -130,6 +141,7 @@ class Run:
         ctx = DecodeContext(
             target=self.target.model,
             draft=self.draft.model if self.draft else None,
+            heads=self.heads,
             prompt_ids=self.prompt_ids,
             generation=gen,
             eos_token_ids=self.target.eos_token_ids,
@@ -181,7 +193,7 @@ class Run:
         return Trace(
             strategy=self.spec.name,
             model=self.target.name,
-            draft_model=self.draft.name if self.draft else None,
+            draft_model=self.draft.name if self.draft else self.heads_name,
             settings=settings,
             prompt_token_ids=list(self.prompt_ids),
             output_token_ids=list(output),

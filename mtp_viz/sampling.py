@@ -118,3 +118,118 @@ def verify_sampling(
         return Verdict(k, sample(p_target[k], generator), "bonus", draws)
     residual = residual_distribution(p_target[accepted], q_draft[accepted])
     return Verdict(accepted, sample(residual, generator), "resampled", draws)
+
+
+@dataclass(frozen=True)
+class TreeVerdict:
+    """Outcome of verifying a token tree: the accepted path from the root, then the next token."""
+
+    path: list[int]  # accepted node indices, root side first
+    next_token: int
+    next_origin: str  # "bonus" when the path ends at a leaf, else "resampled"
+    rejected: list[int]  # nodes the rule judged and refused
+    draws: dict[int, float]  # node → the uniform draw that judged it (sampling)
+
+
+def children_of(parents: list[int]) -> dict[int, list[int]]:
+    """node (−1: the root) → its children, in order."""
+    kids: dict[int, list[int]] = {-1: []}
+    for i, parent in enumerate(parents):
+        kids.setdefault(parent, []).append(i)
+        kids.setdefault(i, [])
+    return kids
+
+
+def verify_tree_greedy(target_argmax: list[int], tokens: list[int], parents: list[int]) -> TreeVerdict:
+    """Follow the target's argmax down the tree: the longest root path whose every token equals
+    the target's choice after its prefix. target_argmax: one entry for the root, then per node.
+    With one child per node this is `verify_greedy`."""
+    kids = children_of(parents)
+    node, path, rejected = -1, [], []
+    while True:
+        want = target_argmax[node + 1]
+        match = [c for c in kids[node] if tokens[c] == want]
+        rejected += [c for c in kids[node] if tokens[c] != want]
+        if not match:
+            break
+        node = match[0]
+        path.append(node)
+    origin = "bonus" if not kids[node] else "resampled"
+    return TreeVerdict(path, target_argmax[node + 1], origin, rejected, {})
+
+
+def verify_tree_sampling(
+    p_target: torch.Tensor, tokens: list[int], parents: list[int], generator: torch.Generator | None
+) -> TreeVerdict:
+    """Lossless verification of a tree of deterministic candidates (top-k guesses, n-grams).
+
+    At each node the children are tried in order, each as a point-mass draft: accepted with
+    probability min(1, p/q) = p(token) under the current distribution, else the distribution
+    becomes the residual norm(max(0, p − δ_token)) and the next child is tried. If every child is
+    refused the next token is drawn from what remains; after a leaf, from p (a bonus token). Each
+    round emits exactly p, so the output is distributed as the target's (SpecInfer's multi-draft
+    rule with deterministic drafts). With one child per node this is `verify_sampling` with q = δ.
+
+    p_target: (n+1, V) warped target distributions, at the root then after each node.
+    """
+    kids = children_of(parents)
+    node, path, rejected, draws = -1, [], [], {}
+    while True:
+        p = p_target[node + 1]
+        chosen = None
+        for c in kids[node]:
+            u = float(torch.rand((), generator=generator, device=p.device))
+            draws[c] = u
+            if u < float(acceptance_probability(p[tokens[c]], torch.ones((), device=p.device))):
+                chosen = c
+                break
+            rejected.append(c)
+            p = residual_distribution(p, torch.nn.functional.one_hot(torch.tensor(tokens[c]), len(p)).to(p))
+        if chosen is None:
+            origin = "bonus" if not kids[node] else "resampled"
+            return TreeVerdict(path, sample(p, generator), origin, rejected, draws)
+        node = chosen
+        path.append(node)
+
+
+def typical_threshold(p: torch.Tensor, epsilon: float, delta: float) -> torch.Tensor:
+    """Medusa's typical-acceptance floor for rows of p (..., V): min(ε, δ·exp(−H(p)))."""
+    entropy = -(p * torch.log(p + 1e-5)).sum(-1)
+    return torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))
+
+
+def verify_tree_typical(
+    p_target: torch.Tensor,
+    tokens: list[int],
+    parents: list[int],
+    epsilon: float,
+    delta: float,
+    generator: torch.Generator | None = None,
+) -> TreeVerdict:
+    """Medusa's typical acceptance (lossy): a node passes when the target gives its token more than
+    min(ε, δ·exp(−H)) at its parent; the longest root path of passing nodes wins (ties: the larger
+    Σ log p). Then the target's argmax after it (or a draw from p, given a generator).
+
+    p_target: (n+1, V), at the root then after each node.
+    """
+    kids = children_of(parents)
+    floor = typical_threshold(p_target, epsilon, delta)  # (n+1,)
+    rows = torch.tensor([par + 1 for par in parents], dtype=torch.long)
+    p_tok = p_target[rows, tokens] if tokens else p_target.new_zeros(0)
+    passes = (p_tok > floor[rows]).tolist()
+    best: tuple[int, float, list[int]] = (0, 0.0, [])
+    stack = [(-1, [], 0.0)]
+    while stack:
+        node, path, score = stack.pop()
+        if (len(path), score) > best[:2]:
+            best = (len(path), score, path)
+        for c in kids[node]:
+            if passes[c]:
+                stack.append((c, path + [c], score + float(torch.log(p_tok[c]))))
+    path = best[2]
+    last = path[-1] if path else -1
+    on_path = set(path)
+    rejected = [c for n in [-1, *path] for c in kids[n] if c not in on_path]
+    p = p_target[last + 1]
+    next_token = int(torch.argmax(p)) if generator is None else sample(p, generator)
+    return TreeVerdict(path, next_token, "bonus" if not kids[last] else "resampled", rejected, {})

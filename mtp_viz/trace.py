@@ -41,7 +41,7 @@ class DraftToken:
     source: str  # "draft_model", "ngram", later "head_k", "jacobi", "pool", ...
     q: float | None = None  # drafter's probability of this token (None where there is none)
     text: str = ""
-    parent: int | None = None  # index in `drafted` of the token it follows; None: the previous one
+    parent: int | None = None  # index in `drafted` of the token it follows; None: the previous one; −1: the root
 
 
 @dataclass
@@ -74,6 +74,16 @@ class Step:
     def accepted(self) -> int:
         return self.verdicts.count(VERDICT_ACCEPTED)
 
+    @property
+    def depths(self) -> list[int]:
+        """Depth of each drafted token: 1 for the first guess after the last emitted token. In a
+        chain, drafted[i] has depth i+1; in a tree, a node's depth is its parent's plus one."""
+        depths: list[int] = []
+        for i, d in enumerate(self.drafted):
+            parent = i - 1 if d.parent is None else d.parent
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return depths
+
 
 def summarize(steps: list[Step], wall_time_s: float) -> dict[str, Any]:
     """Metrics as defined in DESIGN.md, derived from the steps alone (plus the measured wall time)."""
@@ -81,11 +91,13 @@ def summarize(steps: list[Step], wall_time_s: float) -> dict[str, Any]:
     target_forwards = sum(s.target_forwards for s in steps)
     drafted = sum(len(s.drafted) for s in steps)
     accepted = sum(s.accepted for s in steps)
-    longest = max((len(s.drafted) for s in steps), default=0)
+    per_step = [(s.depths, s.verdicts) for s in steps]
+    deepest = max((max(d, default=0) for d, _ in per_step), default=0)
     per_position = []
-    for i in range(longest):
-        judged = [s for s in steps if len(s.drafted) > i]
-        per_position.append(sum(s.verdicts[i] == VERDICT_ACCEPTED for s in judged) / len(judged))
+    for depth in range(1, deepest + 1):
+        judged = [(d, v) for d, v in per_step if depth in d]
+        kept = sum(any(x == depth and y == VERDICT_ACCEPTED for x, y in zip(d, v, strict=True)) for d, v in judged)
+        per_position.append(kept / len(judged))
     return {
         "new_tokens": new_tokens,
         "wall_time_s": wall_time_s,
@@ -131,6 +143,8 @@ class Trace:
         for s in self.steps:
             if not (len(s.verdicts) == len(s.target_p) == len(s.drafted)):
                 raise InvalidTraceError(f"step {s.index}: drafted, verdicts and target_p differ in length")
+            if any(d.parent is not None and not -1 <= d.parent < i for i, d in enumerate(s.drafted)):
+                raise InvalidTraceError(f"step {s.index}: a drafted token's parent must be -1 or an earlier index")
             if any(v not in VERDICTS for v in s.verdicts):
                 raise InvalidTraceError(f"step {s.index}: unknown verdict in {s.verdicts}")
             if any(t.origin not in ORIGINS for t in s.emitted):

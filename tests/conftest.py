@@ -56,13 +56,16 @@ def perturbed(model, noise: float, seed: int = 1):
     return draft
 
 
-def decode(model, strategy: str, prompt_ids, generation=None, draft=None, eos=(), vocab_size=None, **settings):
+def decode(
+    model, strategy: str, prompt_ids, generation=None, draft=None, eos=(), vocab_size=None, heads=None, **settings
+):
     """Run a strategy directly on a model; returns (output ids, steps)."""
     generation = generation or GenerationSettings(max_new_tokens=32)
     spec = STRATEGIES[strategy]
     ctx = DecodeContext(
         target=model,
         draft=draft,
+        heads=heads,
         prompt_ids=list(prompt_ids),
         generation=generation,
         eos_token_ids=frozenset(eos),
@@ -89,6 +92,55 @@ def hf_greedy(model, prompt_ids, max_new_tokens: int, eos=None) -> list[int]:
     if eos is not None and eos in out:  # generate pads after EOS
         out = out[: out.index(eos) + 1]
     return out
+
+
+class OracleHeads:
+    """Scripted MTP heads for engine tests: they know a reference continuation and guess it, but
+    put a wrong token first at every `wrong_every`-th position (the right one second), so chains
+    break and trees win on a non-first branch. Once a path leaves the reference they guess junk.
+
+    They speak the heads interface (`step`, `logits`): a predicted hidden state is a marker row
+    [MARK, position, lost]; the target's real hidden states are mapped to positions by nearest
+    neighbour in a table of the target's own hidden states along the reference.
+    """
+
+    MARK = 12345.0
+
+    def __init__(self, model, prompt, reference, wrong_every: int = 3, confidence: float = 3.0):
+        self.seq = list(prompt) + list(reference)
+        self.vocab = model.config.vocab_size
+        self.wrong_every = wrong_every
+        self.confidence = confidence
+        with torch.no_grad():
+            self.table = model.get_decoder()(torch.tensor([self.seq])).last_hidden_state[0]  # (L, H)
+
+    def step(self, hidden, tokens):
+        rows = []
+        for h, t in zip(hidden, tokens.tolist(), strict=True):
+            if h[0] == self.MARK:
+                position, lost = int(h[1]) + 1, bool(h[2])
+            else:  # the target's hidden at t produced the token at t+1
+                position, lost = int(torch.cdist(h[None], self.table).argmin()) + 1, False
+            lost = lost or position >= len(self.seq) or self.seq[position] != t
+            row = torch.zeros_like(h)
+            row[0], row[1], row[2] = self.MARK, position, float(lost)
+            rows.append(row)
+        return torch.stack(rows)
+
+    def logits(self, hidden):
+        out = torch.zeros(len(hidden), self.vocab)
+        for r, h in enumerate(hidden):
+            position, lost = int(h[1]), bool(h[2])
+            if lost or position + 1 >= len(self.seq):
+                out[r, (position * 7) % self.vocab] = self.confidence
+                continue
+            right = self.seq[position + 1]
+            wrong = (right + 1) % self.vocab
+            first, second = (wrong, right) if position % self.wrong_every == 0 else (right, wrong)
+            out[r, first] = self.confidence
+            out[r, second] = self.confidence - 1.0
+            out[r, (right + 2) % self.vocab] = self.confidence - 2.0
+        return out
 
 
 TEXT = "the cat sat on the mat and the dog ran to the park where a bird sang a song def add ( a , b ) : return a + b"

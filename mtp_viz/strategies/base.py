@@ -79,6 +79,7 @@ class DecodeContext:
     clock: Clock
     generator: torch.Generator | None = None
     draft: PreTrainedModel | None = None
+    heads: Any = None  # MTPHeads (mtp_viz.drafters.heads) for strategies that need them
     record_probs: bool = True  # False: minimal recording, for measuring what tracing costs
     output: list[int] = field(default_factory=list)
 
@@ -126,6 +127,12 @@ class StrategySpec:
     needs_draft: bool
     lossless: bool
     summary: str
+    needs_heads: bool = False
+    lossy_when: Callable[[dict], bool] | None = None  # settings (as in a trace) that make it lossy
+
+    def is_lossless(self, settings: dict) -> bool:
+        """Whether a run with these settings (a trace's `settings`) is lossless."""
+        return self.lossless and not (self.lossy_when and self.lossy_when(settings))
 
 
 @dataclass

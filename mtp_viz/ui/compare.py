@@ -36,7 +36,7 @@ def verdicts(traces: list[Trace]) -> dict[str, str]:
     model = None
     out = {}
     for t in traces[1:]:
-        if STRATEGIES[t.strategy].lossless:
+        if STRATEGIES[t.strategy].is_lossless(t.settings):
             if model is None and t.output_token_ids != reference.output_token_ids:
                 try:
                     model = load_model(reference.model).model

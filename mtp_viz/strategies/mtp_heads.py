@@ -1,0 +1,218 @@
+"""Multi-token prediction heads verified by the target (Medusa, Cai et al. 2024; heads as in
+mtp_viz.drafters.heads).
+
+Each step the heads guess the tokens after the last emitted one, from the target's hidden state
+that produced it: a chain (the top guess at each depth) or a token tree (several ranked guesses
+per depth, e.g. "0,1,00,10,000": rank paths from the root). The target scores every node in
+one forward with a tree attention mask; the longest root path it agrees with is kept, then one
+token of its own. Exact acceptance is lossless (greedy: argmax; sampling: each candidate tried
+as a point-mass draft, residual after each refusal). Typical acceptance (Medusa) is lossy.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from mtp_viz.cache import CachedModel, node_depths, tree_visibility
+from mtp_viz.errors import InvalidSettingsError
+from mtp_viz.sampling import (
+    TreeVerdict,
+    probs_from_logits,
+    verify_tree_greedy,
+    verify_tree_sampling,
+    verify_tree_typical,
+)
+from mtp_viz.strategies.base import DecodeContext, StrategySpec
+from mtp_viz.trace import (
+    ACCEPTED,
+    AUTOREGRESSIVE,
+    VERDICT_ACCEPTED,
+    VERDICT_REJECTED,
+    VERDICT_SKIPPED,
+    DraftToken,
+    EmittedToken,
+    Step,
+)
+
+NAME = "mtp_heads"
+CHAIN = "chain"
+DEFAULT_TREE = "0,1,2,00,01,10,000,001,0000"
+MAX_TREE_NODES = 64
+MAX_GUESSES = 16
+EXACT = "exact"
+TYPICAL = "typical"
+ACCEPTANCES = (EXACT, TYPICAL)
+
+
+@dataclass(frozen=True)
+class MTPHeadsSettings:
+    tree: str = DEFAULT_TREE  # "chain", or rank paths from the root, comma-separated
+    num_guesses: int = 4  # chain length (tree="chain" only)
+    acceptance: str = EXACT
+    typical_epsilon: float = 0.09  # typical acceptance: hard probability floor ε
+    typical_delta: float = 0.3  # typical acceptance: entropy-scaled floor δ·exp(−H)
+
+    def __post_init__(self):
+        if self.acceptance not in ACCEPTANCES:
+            raise InvalidSettingsError(f"acceptance must be one of {', '.join(ACCEPTANCES)}, got {self.acceptance!r}")
+        n = self.num_guesses
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_GUESSES:
+            raise InvalidSettingsError(f"num_guesses must be an integer from 1 to {MAX_GUESSES}, got {n!r}")
+        for name, v in (("typical_epsilon", self.typical_epsilon), ("typical_delta", self.typical_delta)):
+            if not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+                raise InvalidSettingsError(f"{name} must be a number in [0, 1], got {v!r}")
+        self.paths  # validates the tree
+
+    @property
+    def paths(self) -> list[tuple[int, ...]]:
+        return parse_tree(self.tree, self.num_guesses)
+
+
+def parse_tree(spec: str, num_guesses: int = 4) -> list[tuple[int, ...]]:
+    """"chain" or "0,1,00,…" → rank paths ordered by depth (parents before children)."""
+    if spec == CHAIN:
+        return [(0,) * d for d in range(1, num_guesses + 1)]
+    paths = []
+    for part in (p.strip() for p in str(spec).split(",")):
+        if not part or not part.isdigit():
+            raise InvalidSettingsError(f"tree must be 'chain' or comma-separated rank paths like 0,1,00; got {spec!r}")
+        paths.append(tuple(int(c) for c in part))
+    paths = sorted(set(paths), key=lambda p: (len(p), p))
+    if len(paths) > MAX_TREE_NODES or max(len(p) for p in paths) > MAX_GUESSES:
+        raise InvalidSettingsError(f"tree may have at most {MAX_TREE_NODES} nodes and depth {MAX_GUESSES}")
+    known = set(paths) | {()}
+    for p in paths:
+        if p[:-1] not in known:
+            raise InvalidSettingsError(f"tree path {''.join(map(str, p))} has no parent {''.join(map(str, p[:-1]))}")
+    return paths
+
+
+@torch.inference_mode()
+def propose(heads, hidden: torch.Tensor, token: int, paths: list[tuple[int, ...]]):
+    """Expand the rank paths with the heads, one batched heads step per depth.
+
+    hidden (H,): the target's final hidden state that produced `token`. Returns node tokens,
+    parents (−1: the root), and the heads' probability of each node's token.
+    """
+    node = {p: i for i, p in enumerate(paths)}
+    tokens, parents, q = [0] * len(paths), [node.get(p[:-1], -1) for p in paths], [0.0] * len(paths)
+    state = {(): (hidden[None], torch.tensor([token], device=hidden.device))}  # path → (its parent's ĥ, its token)
+    for depth in range(1, max((len(p) for p in paths), default=0) + 1):
+        level = [p for p in paths if len(p) == depth]
+        owners = list(dict.fromkeys(p[:-1] for p in level))  # nodes whose children are guessed now
+        h = heads.step(torch.cat([state[o][0] for o in owners]), torch.cat([state[o][1] for o in owners]))  # (m, H)
+        probs = torch.softmax(heads.logits(h).float(), -1)  # (m, V)
+        top = torch.topk(probs, max(p[-1] for p in level) + 1, dim=-1)
+        for p in level:
+            row = owners.index(p[:-1])
+            i = node[p]
+            tokens[i] = int(top.indices[row, p[-1]])
+            q[i] = float(top.values[row, p[-1]])
+            state[p] = (h[row : row + 1], top.indices[row, p[-1]][None])
+    return tokens, parents, q
+
+
+def within_budget(paths: list[tuple[int, ...]], budget: int) -> list[tuple[int, ...]]:
+    """Never guess past the token budget: drop nodes deeper than `budget`."""
+    return [p for p in paths if len(p) <= budget]
+
+
+def verify(ctx: DecodeContext, logits: torch.Tensor, tokens, parents, settings: MTPHeadsSettings):
+    """(verdict, p_target (1+n, V) or None): logits has a row for the root, then one per node."""
+    if settings.acceptance == TYPICAL:  # greedy runs judge against the plain softmax, sampled ones the warped p
+        p_target = torch.softmax(logits, -1) if ctx.warp.greedy else probs_from_logits(logits, ctx.warp)
+        generator = None if ctx.warp.greedy else ctx.generator
+        verdict = verify_tree_typical(
+            p_target, tokens, parents, settings.typical_epsilon, settings.typical_delta, generator
+        )
+        return verdict, p_target
+    if ctx.warp.greedy:
+        p_target = torch.softmax(logits, -1) if ctx.record_probs else None
+        return verify_tree_greedy(logits.argmax(-1).tolist(), tokens, parents), p_target
+    p_target = probs_from_logits(logits, ctx.warp)
+    return verify_tree_sampling(p_target, tokens, parents, ctx.generator), p_target
+
+
+def record(ctx: DecodeContext, verdict: TreeVerdict, p_target, tokens, parents, q, emitted_ids: list[int]):
+    """Trace entries: drafted nodes with verdicts and p, and the emitted tokens."""
+    kept = verdict.path[: len(emitted_ids)]  # accepted nodes that made it past EOS / the budget
+    verdicts = [VERDICT_SKIPPED] * len(tokens)
+    for i in verdict.rejected:
+        verdicts[i] = VERDICT_REJECTED
+    for i in kept:
+        verdicts[i] = VERDICT_ACCEPTED
+    target_p = [None] * len(tokens)
+    if p_target is not None:
+        rows = torch.tensor([par + 1 for par in parents], dtype=torch.long)
+        target_p = p_target[rows, tokens].tolist() if tokens else []
+    drafted = [
+        DraftToken(t, f"head_{depth}", qi, parent=par)
+        for t, qi, par, depth in zip(tokens, q, parents, node_depths(parents), strict=True)
+    ]
+    emitted = [EmittedToken(tokens[i], ACCEPTED, target_p[i]) for i in kept]
+    if len(emitted_ids) > len(kept):
+        origin = verdict.next_origin if tokens else AUTOREGRESSIVE
+        row = kept[-1] + 1 if kept else 0
+        p_next = None if p_target is None else float(p_target[row, verdict.next_token])
+        emitted.append(EmittedToken(verdict.next_token, origin, p_next))
+    draws = [verdict.draws.get(i) for i in range(len(tokens))]
+    return drafted, verdicts, target_p, draws, emitted
+
+
+def run(ctx: DecodeContext, settings: MTPHeadsSettings) -> Iterator[Step]:
+    target = CachedModel(ctx.target, ctx.vocab_size)
+    paths = settings.paths
+    hidden = None  # the target's final hidden state that produced the last output token
+    index = 0
+    while not ctx.done:
+        start = ctx.clock.now()
+        seq = ctx.seq
+        # propose: the heads guess a tree of continuations (nothing before the first token)
+        shape = within_budget(paths, ctx.remaining - 1) if hidden is not None else []
+        tokens, parents, q = propose(ctx.heads, hidden, seq[-1], shape) if shape else ([], [], [])
+        drafted = ctx.clock.now()
+        # verify: one target forward over the unseen tokens and every node, tree-masked
+        fed = len(seq) - target.length + len(tokens)
+        logits, hiddens = target.forward_hidden(seq, tokens, node_depths(parents), tree_visibility(parents))
+        verified = ctx.clock.now()
+        # accept: the longest root path the target agrees with, then its own token
+        verdict, p_target = verify(ctx, logits, tokens, parents, settings)
+        emitted_ids = ctx.clip([tokens[i] for i in verdict.path] + [verdict.next_token])
+        # commit: keep the accepted nodes' key/values; remember the hidden state behind the last token
+        ctx.output.extend(emitted_ids)
+        target.keep(len(seq), verdict.path[: len(emitted_ids) - 1])
+        row = verdict.path[len(emitted_ids) - 2] + 1 if len(emitted_ids) > 1 else 0
+        hidden = hiddens[row]
+        node_drafts, verdicts, target_p, draws, emitted = record(
+            ctx, verdict, p_target, tokens, parents, q, emitted_ids
+        )
+        end = ctx.clock.now()
+        yield Step(
+            index=index,
+            emitted=emitted,
+            drafted=node_drafts,
+            verdicts=verdicts,
+            target_p=target_p,
+            draws=draws,
+            draft_s=drafted - start,
+            verify_s=verified - drafted,
+            step_s=end - start,
+            target_forwards=1,
+            input_tokens=fed,
+            kv_len=target.length,
+            extra={"tree": [list(p) for p in shape], "accepted_path": verdict.path[: len(emitted_ids) - 1]},
+        )
+        index += 1
+
+
+SPEC = StrategySpec(
+    name=NAME,
+    settings_cls=MTPHeadsSettings,
+    run=run,
+    needs_draft=False,
+    needs_heads=True,
+    lossless=True,
+    lossy_when=lambda settings: settings.get("acceptance") == TYPICAL,
+    summary="Trained MTP heads guess a chain or tree of next tokens; the target verifies all in one forward.",
+)
