@@ -33,6 +33,7 @@ class ModelEntry:
     chat: bool = True
     drafts: tuple[str, ...] = ()
     heads: tuple[str, ...] = ()  # MTP heads trained for this model, best first
+    mask_token_id: int | None = None  # mask-token MTP models (ConfAdapt): the id of their mask token
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ def parse_registry(data: dict, base_dir: Path) -> Registry:
             chat=bool(raw.get("chat", True)),
             drafts=tuple(raw.get("drafts", ())),
             heads=tuple(raw.get("heads", ())),
+            mask_token_id=raw.get("mask_token_id"),
         )
         models[entry.id] = entry
     heads = {}

@@ -82,8 +82,12 @@ class Run:
         model_name = request.model or load_registry().default_for(device.type)
         self.target = load_model(model_name, request.device, request.dtype)
         self.draft = self._load_draft(model_name) if self.spec.needs_draft else None
+        entry = load_registry().models.get(model_name)
+        self.mask_token_id = entry.mask_token_id if entry else None
         self.heads_name, self.heads = (
-            load_heads_for(self.target, request.heads) if self.spec.needs_heads else (None, None)
+            load_heads_for(self.target, request.heads)
+            if self.spec.heads_needed(self.settings, self.mask_token_id)
+            else (None, None)
         )
         self.vocab_size = (
             shared_vocab_size(self.target, self.draft) if self.draft else self.target.model.config.vocab_size
@@ -142,6 +146,7 @@ class Run:
             target=self.target.model,
             draft=self.draft.model if self.draft else None,
             heads=self.heads,
+            mask_token_id=self.mask_token_id,
             prompt_ids=self.prompt_ids,
             generation=gen,
             eos_token_ids=self.target.eos_token_ids,

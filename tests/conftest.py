@@ -57,7 +57,16 @@ def perturbed(model, noise: float, seed: int = 1):
 
 
 def decode(
-    model, strategy: str, prompt_ids, generation=None, draft=None, eos=(), vocab_size=None, heads=None, **settings
+    model,
+    strategy: str,
+    prompt_ids,
+    generation=None,
+    draft=None,
+    eos=(),
+    vocab_size=None,
+    heads=None,
+    mask_token_id=None,
+    **settings,
 ):
     """Run a strategy directly on a model; returns (output ids, steps)."""
     generation = generation or GenerationSettings(max_new_tokens=32)
@@ -66,6 +75,7 @@ def decode(
         target=model,
         draft=draft,
         heads=heads,
+        mask_token_id=mask_token_id,
         prompt_ids=list(prompt_ids),
         generation=generation,
         eos_token_ids=frozenset(eos),

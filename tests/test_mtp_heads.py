@@ -56,7 +56,11 @@ def test_greedy_tree_on_a_chain_is_the_chain_rule():
     for draft, target in (([1, 2, 3], [1, 2, 3, 4]), ([1, 5, 3], [1, 2, 3, 4]), ([7], [1, 2])):
         chain = verify_greedy(target, draft)
         tree = verify_tree_greedy(target, draft, [-1] + list(range(len(draft) - 1)))
-        assert (len(tree.path), tree.next_token, tree.next_origin) == (chain.accepted, chain.next_token, chain.next_origin)
+        assert (len(tree.path), tree.next_token, tree.next_origin) == (
+            chain.accepted,
+            chain.next_token,
+            chain.next_origin,
+        )
 
 
 def _exact_first_tokens(p_target, tokens, parents, draws=20000, seed=0):
@@ -127,7 +131,9 @@ def test_eos_and_budget_inside_a_tree(tree):
     heads = OracleHeads(model, PROMPT, free_run, wrong_every=5)
     position = next(i for i in range(8, len(free_run)) if free_run[i] not in free_run[:i])
     eos = free_run[position]
-    out, _ = decode(model, "mtp_heads", PROMPT, GenerationSettings(max_new_tokens=40), heads=heads, eos=[eos], tree=tree)
+    out, _ = decode(
+        model, "mtp_heads", PROMPT, GenerationSettings(max_new_tokens=40), heads=heads, eos=[eos], tree=tree
+    )
     assert out == free_run[: position + 1]
     for budget in (1, 2, 7, 13):
         g = GenerationSettings(max_new_tokens=budget)

@@ -1,10 +1,12 @@
 """The strategy registry: stable name → StrategySpec (settings class, run function)."""
 
 from mtp_viz.errors import UnknownStrategyError
-from mtp_viz.strategies import autoregressive, mtp_heads, prompt_lookup, speculative
+from mtp_viz.strategies import autoregressive, conf_adapt, mtp_heads, prompt_lookup, speculative
 from mtp_viz.strategies.base import StrategySpec
 
-STRATEGIES: dict[str, StrategySpec] = {s.SPEC.name: s.SPEC for s in (autoregressive, speculative, prompt_lookup, mtp_heads)}
+STRATEGIES: dict[str, StrategySpec] = {
+    s.SPEC.name: s.SPEC for s in (autoregressive, speculative, prompt_lookup, mtp_heads, conf_adapt)
+}
 
 
 def get_strategy(name: str) -> StrategySpec:

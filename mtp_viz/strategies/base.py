@@ -80,6 +80,7 @@ class DecodeContext:
     generator: torch.Generator | None = None
     draft: PreTrainedModel | None = None
     heads: Any = None  # MTPHeads (mtp_viz.drafters.heads) for strategies that need them
+    mask_token_id: int | None = None  # for mask-token MTP models (models.yaml `mask_token_id`)
     record_probs: bool = True  # False: minimal recording, for measuring what tracing costs
     output: list[int] = field(default_factory=list)
 
@@ -127,8 +128,11 @@ class StrategySpec:
     needs_draft: bool
     lossless: bool
     summary: str
-    needs_heads: bool = False
+    needs_heads: bool | Callable[[Any, int | None], bool] = False  # or f(settings, mask_token_id)
     lossy_when: Callable[[dict], bool] | None = None  # settings (as in a trace) that make it lossy
+
+    def heads_needed(self, settings: Any, mask_token_id: int | None) -> bool:
+        return self.needs_heads(settings, mask_token_id) if callable(self.needs_heads) else self.needs_heads
 
     def is_lossless(self, settings: dict) -> bool:
         """Whether a run with these settings (a trace's `settings`) is lossless."""

@@ -70,7 +70,7 @@ class MTPHeadsSettings:
 
 
 def parse_tree(spec: str, num_guesses: int = 4) -> list[tuple[int, ...]]:
-    """"chain" or "0,1,00,…" → rank paths ordered by depth (parents before children)."""
+    """ "chain" or "0,1,00,…" → rank paths ordered by depth (parents before children)."""
     if spec == CHAIN:
         return [(0,) * d for d in range(1, num_guesses + 1)]
     paths = []

@@ -1,0 +1,142 @@
+"""Multi-token prediction without verification, with confidence-adaptive emission (ConfAdapt, from
+"Multi-Token Prediction via Self-Distillation", Kirchenbauer et al., arXiv 2602.06019). Lossy.
+
+Each step predicts k tokens in one target forward and emits the longest prefix whose top-1
+probabilities are all ≥ τ, at least one token (the first is ordinary next-token prediction).
+Emitted tokens are fed back as real inputs in the next forward. Two predictors:
+- mask tokens (the paper's models): the tokens emitted last step, then k−1 mask tokens at the next
+  positions, plain causal attention; the predictions are the logits at the last real token and at
+  each mask; the masks' key/values are cropped after the step. The paper's inference repeats one
+  mask id; its training code can also write mask_id + j for the j-th mask (`mask_layout`).
+- MTP heads (mtp_viz.drafters.heads), e.g. on the embedded model: the target's own next token,
+  then a greedy chain of k−1 head guesses, each with the heads' top-1 probability as confidence.
+`fixed` mode emits all k predictions, to show what the confidence rule buys.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from mtp_viz.cache import CachedModel
+from mtp_viz.errors import InvalidSettingsError, UserError
+from mtp_viz.strategies.base import DecodeContext, StrategySpec
+from mtp_viz.strategies.mtp_heads import propose
+from mtp_viz.trace import AUTOREGRESSIVE, UNVERIFIED, EmittedToken, Step
+
+NAME = "conf_adapt"
+MAX_K = 16
+ADAPTIVE, FIXED = "adaptive", "fixed"
+AUTO, MASK_TOKENS, HEADS = "auto", "mask_tokens", "heads"
+REPEAT, OFFSET = "repeat", "offset"
+
+
+@dataclass(frozen=True)
+class ConfAdaptSettings:
+    k: int = 4  # predictions per forward
+    tau: float = 0.9  # confidence threshold
+    mode: str = ADAPTIVE
+    predictor: str = AUTO  # auto: mask tokens where the model has them, else MTP heads
+    mask_layout: str = REPEAT  # mask-token predictor: one id repeated, or mask_id + j
+
+    def __post_init__(self):
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
+            raise InvalidSettingsError(f"k must be an integer from 1 to {MAX_K}, got {self.k!r}")
+        if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not 0.0 <= self.tau <= 1.0:
+            raise InvalidSettingsError(f"tau must be a number in [0, 1], got {self.tau!r}")
+        for name, value, allowed in (
+            ("mode", self.mode, (ADAPTIVE, FIXED)),
+            ("predictor", self.predictor, (AUTO, MASK_TOKENS, HEADS)),
+            ("mask_layout", self.mask_layout, (REPEAT, OFFSET)),
+        ):
+            if value not in allowed:
+                raise InvalidSettingsError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+
+
+def uses_heads(settings: ConfAdaptSettings, mask_token_id: int | None) -> bool:
+    return settings.predictor == HEADS or (settings.predictor == AUTO and mask_token_id is None)
+
+
+def emit_count(confidences: list[float], tau: float, fixed: bool = False) -> int:
+    """How many of the k predictions to emit: the longest prefix with every confidence ≥ τ,
+    at least one (all of them in fixed mode)."""
+    if fixed:
+        return len(confidences)
+    n = 0
+    while n < len(confidences) and confidences[n] >= tau:
+        n += 1
+    return max(1, n)
+
+
+def mask_ids(mask_token_id: int, count: int, layout: str) -> list[int]:
+    return [mask_token_id + j if layout == OFFSET else mask_token_id for j in range(count)]
+
+
+def predict_with_masks(ctx: DecodeContext, target: CachedModel, k: int, layout: str):
+    """(k predictions, their confidences) from one forward over the unseen tokens + k−1 masks."""
+    seq = ctx.seq
+    masks = mask_ids(ctx.mask_token_id, k - 1, layout)
+    logits = target.forward(seq + masks, logits_to_keep=k)  # (k, V): last real token, then each mask
+    target.rollback(len(seq))  # the masks' key/values go
+    first, _ = ctx.next_token(logits[0])
+    probs = torch.softmax(logits, -1)  # confidence: top-1 of the raw (untempered) distribution
+    tokens = [first] + probs[1:].argmax(-1).tolist()
+    return tokens, probs.max(-1).values.tolist()
+
+
+def predict_with_heads(ctx: DecodeContext, target: CachedModel, k: int):
+    """(k predictions, their confidences): the target's own next token, then k−1 chained head guesses."""
+    seq = ctx.seq
+    logits, hidden = target.forward_hidden(seq)  # (1, V), (1, H)
+    first, _ = ctx.next_token(logits[0])
+    confidence = float(torch.softmax(logits[0], -1).max())
+    guesses, _, q = propose(ctx.heads, hidden[0], first, [(0,) * d for d in range(1, k)]) if k > 1 else ([], [], [])
+    return [first] + guesses, [confidence] + q
+
+
+def run(ctx: DecodeContext, settings: ConfAdaptSettings) -> Iterator[Step]:
+    heads = uses_heads(settings, ctx.mask_token_id)
+    if not heads and ctx.mask_token_id is None:
+        raise UserError("predictor mask_tokens needs a model with a mask token (models.yaml mask_token_id)")
+    target = CachedModel(ctx.target, ctx.vocab_size)
+    index = 0
+    while not ctx.done:
+        start = ctx.clock.now()
+        k = min(settings.k, ctx.remaining)
+        fed = len(ctx.seq) - target.length + (0 if heads else k - 1)
+        # predict: k tokens from one target forward (the first is ordinary next-token prediction)
+        if heads:
+            tokens, confidence = predict_with_heads(ctx, target, k)
+        else:
+            tokens, confidence = predict_with_masks(ctx, target, k, settings.mask_layout)
+        predicted = ctx.clock.now()
+        # emit: the confident prefix (or all k), cut after EOS and at the budget; no verification
+        emitted_ids = ctx.clip(tokens[: emit_count(confidence, settings.tau, settings.mode == FIXED)])
+        ctx.output.extend(emitted_ids)
+        emitted = [
+            EmittedToken(t, AUTOREGRESSIVE if i == 0 else UNVERIFIED, confidence=None if i == 0 else confidence[i])
+            for i, t in enumerate(emitted_ids)
+        ]
+        end = ctx.clock.now()
+        yield Step(
+            index=index,
+            emitted=emitted,
+            verify_s=predicted - start,
+            step_s=end - start,
+            target_forwards=1,
+            input_tokens=fed,
+            kv_len=target.length,
+            extra={"predicted": tokens, "confidence": confidence, "tau": settings.tau, "heads": heads},
+        )
+        index += 1
+
+
+SPEC = StrategySpec(
+    name=NAME,
+    settings_cls=ConfAdaptSettings,
+    run=run,
+    needs_draft=False,
+    needs_heads=uses_heads,
+    lossless=False,
+    summary="Predicts k tokens per forward and emits the confident prefix, without verification (lossy).",
+)
