@@ -62,7 +62,7 @@ class MTPHeadsSettings:
         for name, v in (("typical_epsilon", self.typical_epsilon), ("typical_delta", self.typical_delta)):
             if not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
                 raise InvalidSettingsError(f"{name} must be a number in [0, 1], got {v!r}")
-        self.paths  # validates the tree
+        parse_tree(self.tree, self.num_guesses)  # raises on a malformed tree
 
     @property
     def paths(self) -> list[tuple[int, ...]]:
