@@ -34,6 +34,19 @@ def tree_visibility(parents: list[int]) -> torch.Tensor:
     return seen
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
+    """(q, kv) bool "may attend" → the (1, 1, q, kv) additive mask attention layers take."""
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask[None, None].to(device)
+
+
+def causal_after(past: int, n: int) -> torch.Tensor:
+    """(n, past + n) bool: n new tokens see the cached past and the new tokens up to themselves."""
+    allowed = torch.ones(n, past + n, dtype=torch.bool)
+    allowed[:, past:] = torch.ones(n, n, dtype=torch.bool).tril()
+    return allowed
+
+
 class CachedModel:
     def __init__(self, model: PreTrainedModel, vocab_size: int | None = None):
         self.model = model
@@ -84,11 +97,9 @@ class CachedModel:
         if n:
             allowed = torch.zeros(c + n, past + c + n, dtype=torch.bool)
             allowed[:, : past + c] = True
-            allowed[:c, past : past + c] = torch.ones(c, c, dtype=torch.bool).tril()
+            allowed[:c, : past + c] = causal_after(past, c)
             allowed[c:, past + c :] = visibility
-            dtype = self.model.dtype
-            mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-            mask = mask[None, None].to(self.device)  # (1, 1, c+n, past+c+n)
+            mask = additive_mask(allowed, self.model.dtype, self.device)  # (1, 1, c+n, past+c+n)
         out = self.model.get_decoder()(
             input_ids=torch.tensor([chain + list(extra)], dtype=torch.long, device=self.device),
             attention_mask=mask,

@@ -1,5 +1,6 @@
 """Every lossless strategy, greedy, emits exactly the tokens of plain autoregressive decoding and of
-transformers' generate(do_sample=False), on tiny random models."""
+transformers' generate(do_sample=False), on tiny random models. (MTP heads, which need scripted
+heads, have the same tests in test_mtp_heads.py.)"""
 
 import pytest
 from conftest import TINY_CONFIGS, decode, hf_greedy, perturbed, tiny_model
@@ -18,6 +19,32 @@ def _lossless_runs(model, draft, generation, eos=()):
             f"speculative k={k}",
             *decode(model, "speculative", PROMPT, generation, draft=draft, eos=eos, num_draft_tokens=k),
         )
+    yield (
+        "speculative heuristic",
+        *decode(
+            model, "speculative", PROMPT, generation, draft=draft, eos=eos, num_draft_tokens=2, schedule="heuristic"
+        ),
+    )
+    yield (
+        "speculative confidence",
+        *decode(
+            model,
+            "speculative",
+            PROMPT,
+            generation,
+            draft=draft,
+            eos=eos,
+            num_draft_tokens=6,
+            schedule="confidence",
+            confidence_threshold=0.05,
+        ),
+    )
+    yield ("self_speculative L=1", *decode(model, "self_speculative", PROMPT, generation, eos=eos, exit_layer=1))
+    yield ("lookahead 5/7/7", *decode(model, "lookahead", PROMPT, generation, eos=eos))
+    yield (
+        "lookahead 3/4/3 + prompt pool",
+        *decode(model, "lookahead", PROMPT, generation, eos=eos, level=3, window=4, guess=3, pool_from_prompt=True),
+    )
     for k, n in ((3, 1), (8, 3)):  # n-gram sizes 1..1 and 2..3
         yield (
             f"prompt_lookup k={k} n={n}",
@@ -41,12 +68,11 @@ def test_greedy_identical_to_autoregressive_and_generate(name, seed):
     generation = GenerationSettings(max_new_tokens=40)
     reference, _ = decode(model, "autoregressive", PROMPT, generation)
     assert reference == hf_greedy(model, PROMPT, 40)
-    verdicts = []
     for label, output, steps in _lossless_runs(model, draft, generation):
         assert output == reference, label
-        verdicts += [v for s in steps for v in s.verdicts]
-    # The comparison only means something if drafts were both kept and thrown away.
-    assert VERDICT_ACCEPTED in verdicts and VERDICT_REJECTED in verdicts
+        # The comparison only means something if drafts were both kept and thrown away.
+        verdicts = [v for s in steps for v in s.verdicts]
+        assert VERDICT_ACCEPTED in verdicts and VERDICT_REJECTED in verdicts, label
 
 
 @pytest.mark.parametrize("name,seed", CASES[:3])
@@ -92,3 +118,49 @@ def test_prompt_lookup_without_a_match_is_one_token_per_forward():
     _, steps = decode(model, "prompt_lookup", prompt, GenerationSettings(max_new_tokens=1))
     assert steps[0].drafted == [] and steps[0].input_tokens == len(prompt)
     assert [e.origin for e in steps[0].emitted] == ["autoregressive"]
+
+
+def test_heuristic_schedule_grows_after_full_acceptance_and_shrinks_after_a_miss():
+    model = tiny_model("llama-2l", seed=0)
+    draft = perturbed(model, noise=0.2, seed=10)
+    _, steps = decode(
+        model,
+        "speculative",
+        PROMPT,
+        GenerationSettings(max_new_tokens=60),
+        draft=draft,
+        num_draft_tokens=2,
+        schedule="heuristic",
+    )
+    lengths = [s.extra["draft_len"] for s in steps]
+    for before, after, step in zip(lengths, lengths[1:], steps, strict=False):
+        full = step.accepted == len(step.drafted)
+        assert (
+            after in ((before + 2,) if full else (max(1, before - 1),))
+            or after < before + 2
+            and step.index == len(steps) - 2
+        )
+    assert len(set(lengths)) > 2  # it moved both ways
+
+
+def test_confidence_schedule_stops_at_an_unsure_draft_token():
+    model = tiny_model("llama-2l", seed=0)
+    draft = perturbed(model, noise=0.2, seed=10)
+    generation = GenerationSettings(max_new_tokens=40)
+    _, constant = decode(model, "speculative", PROMPT, generation, draft=draft, num_draft_tokens=8)
+    threshold = sorted(d.q for s in constant for d in s.drafted)[len(constant) * 4]  # a middle draft confidence
+    _, steps = decode(
+        model,
+        "speculative",
+        PROMPT,
+        generation,
+        draft=draft,
+        num_draft_tokens=8,
+        schedule="confidence",
+        confidence_threshold=threshold,
+    )
+    lengths = {len(s.drafted) for s in steps[:-2]}
+    assert len(lengths) > 1 and max(lengths) <= 8
+    for s in steps:  # every drafted token but the last was drafted confidently (greedy q = top probability)
+        assert all(d.q >= threshold for d in s.drafted[:-1])
+        assert len(s.drafted) == 8 or s.drafted[-1].q < threshold or s.index >= len(steps) - 3  # (budget)

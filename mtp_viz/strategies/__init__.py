@@ -1,11 +1,20 @@
 """The strategy registry: stable name → StrategySpec (settings class, run function)."""
 
 from mtp_viz.errors import UnknownStrategyError
-from mtp_viz.strategies import autoregressive, conf_adapt, mtp_heads, prompt_lookup, speculative
+from mtp_viz.strategies import (
+    autoregressive,
+    conf_adapt,
+    lookahead,
+    mtp_heads,
+    prompt_lookup,
+    self_speculative,
+    speculative,
+)
 from mtp_viz.strategies.base import StrategySpec
 
 STRATEGIES: dict[str, StrategySpec] = {
-    s.SPEC.name: s.SPEC for s in (autoregressive, speculative, prompt_lookup, mtp_heads, conf_adapt)
+    s.SPEC.name: s.SPEC
+    for s in (autoregressive, speculative, prompt_lookup, lookahead, self_speculative, mtp_heads, conf_adapt)
 }
 
 

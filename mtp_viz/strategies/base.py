@@ -14,7 +14,16 @@ from transformers import PreTrainedModel
 
 from mtp_viz.clock import Clock
 from mtp_viz.errors import InvalidSettingsError
-from mtp_viz.sampling import Warp, probs_from_logits, sample, verify_greedy, verify_sampling
+from mtp_viz.sampling import (
+    TreeVerdict,
+    Warp,
+    probs_from_logits,
+    sample,
+    verify_greedy,
+    verify_sampling,
+    verify_tree_greedy,
+    verify_tree_sampling,
+)
 from mtp_viz.trace import (
     ACCEPTED,
     AUTOREGRESSIVE,
@@ -187,6 +196,49 @@ def verify_chain(
         emitted.append(EmittedToken(tokens[kept], verdict.next_origin if k else AUTOREGRESSIVE, p_next))
     draws = verdict.draws + [None] * (k - len(verdict.draws))
     return ChainResult(tokens, emitted, verdicts, p_list, draws)
+
+
+def verify_tree(ctx: DecodeContext, logits: torch.Tensor, tokens: list[int], parents: list[int]):
+    """Exact (lossless) verification of a token tree: (TreeVerdict, p_target (1+n, V) or None).
+
+    logits: (1+n, V), the target's at the root then after each node."""
+    if ctx.warp.greedy:
+        p_target = torch.softmax(logits, -1) if ctx.record_probs else None
+        return verify_tree_greedy(logits.argmax(-1).tolist(), tokens, parents), p_target
+    p_target = probs_from_logits(logits, ctx.warp)
+    return verify_tree_sampling(p_target, tokens, parents, ctx.generator), p_target
+
+
+@dataclass
+class TreeRecord:
+    """A verified tree's trace entries (the strategy adds its DraftTokens)."""
+
+    verdicts: list[str]
+    target_p: list[float | None]
+    draws: list[float | None]
+    emitted: list[EmittedToken]
+
+
+def record_tree(verdict: TreeVerdict, p_target, tokens: list[int], parents: list[int], emitted_ids: list[int]):
+    """Verdicts, p and draws per node, and the emitted tokens (accepted path, then the target's
+    own token), for a tree verdict whose emission `emitted_ids` may have been cut at EOS/budget."""
+    kept = verdict.path[: len(emitted_ids)]
+    verdicts = [VERDICT_SKIPPED] * len(tokens)
+    for i in verdict.rejected:
+        verdicts[i] = VERDICT_REJECTED
+    for i in kept:
+        verdicts[i] = VERDICT_ACCEPTED
+    target_p: list[float | None] = [None] * len(tokens)
+    if p_target is not None and tokens:
+        rows = torch.tensor([par + 1 for par in parents], dtype=torch.long, device=p_target.device)
+        target_p = p_target[rows, tokens].tolist()
+    emitted = [EmittedToken(tokens[i], ACCEPTED, target_p[i]) for i in kept]
+    if len(emitted_ids) > len(kept):
+        row = kept[-1] + 1 if kept else 0
+        p_next = None if p_target is None else float(p_target[row, verdict.next_token])
+        emitted.append(EmittedToken(verdict.next_token, verdict.next_origin if tokens else AUTOREGRESSIVE, p_next))
+    draws = [verdict.draws.get(i) for i in range(len(tokens))]
+    return TreeRecord(verdicts, target_p, draws, emitted)
 
 
 def chain_drafts(ids: list[int], source: str, q: list[float | None]) -> list[DraftToken]:

@@ -16,24 +16,9 @@ import torch
 
 from mtp_viz.cache import CachedModel, node_depths, tree_visibility
 from mtp_viz.errors import InvalidSettingsError
-from mtp_viz.sampling import (
-    TreeVerdict,
-    probs_from_logits,
-    verify_tree_greedy,
-    verify_tree_sampling,
-    verify_tree_typical,
-)
-from mtp_viz.strategies.base import DecodeContext, StrategySpec
-from mtp_viz.trace import (
-    ACCEPTED,
-    AUTOREGRESSIVE,
-    VERDICT_ACCEPTED,
-    VERDICT_REJECTED,
-    VERDICT_SKIPPED,
-    DraftToken,
-    EmittedToken,
-    Step,
-)
+from mtp_viz.sampling import probs_from_logits, verify_tree_typical
+from mtp_viz.strategies.base import DecodeContext, StrategySpec, record_tree, verify_tree
+from mtp_viz.trace import DraftToken, Step
 
 NAME = "mtp_heads"
 CHAIN = "chain"
@@ -120,44 +105,15 @@ def within_budget(paths: list[tuple[int, ...]], budget: int) -> list[tuple[int, 
 
 def verify(ctx: DecodeContext, logits: torch.Tensor, tokens, parents, settings: MTPHeadsSettings):
     """(verdict, p_target (1+n, V) or None): logits has a row for the root, then one per node."""
-    if settings.acceptance == TYPICAL:  # greedy runs judge against the plain softmax, sampled ones the warped p
-        p_target = torch.softmax(logits, -1) if ctx.warp.greedy else probs_from_logits(logits, ctx.warp)
-        generator = None if ctx.warp.greedy else ctx.generator
-        verdict = verify_tree_typical(
-            p_target, tokens, parents, settings.typical_epsilon, settings.typical_delta, generator
-        )
-        return verdict, p_target
-    if ctx.warp.greedy:
-        p_target = torch.softmax(logits, -1) if ctx.record_probs else None
-        return verify_tree_greedy(logits.argmax(-1).tolist(), tokens, parents), p_target
-    p_target = probs_from_logits(logits, ctx.warp)
-    return verify_tree_sampling(p_target, tokens, parents, ctx.generator), p_target
-
-
-def record(ctx: DecodeContext, verdict: TreeVerdict, p_target, tokens, parents, q, emitted_ids: list[int]):
-    """Trace entries: drafted nodes with verdicts and p, and the emitted tokens."""
-    kept = verdict.path[: len(emitted_ids)]  # accepted nodes that made it past EOS / the budget
-    verdicts = [VERDICT_SKIPPED] * len(tokens)
-    for i in verdict.rejected:
-        verdicts[i] = VERDICT_REJECTED
-    for i in kept:
-        verdicts[i] = VERDICT_ACCEPTED
-    target_p = [None] * len(tokens)
-    if p_target is not None:
-        rows = torch.tensor([par + 1 for par in parents], dtype=torch.long)
-        target_p = p_target[rows, tokens].tolist() if tokens else []
-    drafted = [
-        DraftToken(t, f"head_{depth}", qi, parent=par)
-        for t, qi, par, depth in zip(tokens, q, parents, node_depths(parents), strict=True)
-    ]
-    emitted = [EmittedToken(tokens[i], ACCEPTED, target_p[i]) for i in kept]
-    if len(emitted_ids) > len(kept):
-        origin = verdict.next_origin if tokens else AUTOREGRESSIVE
-        row = kept[-1] + 1 if kept else 0
-        p_next = None if p_target is None else float(p_target[row, verdict.next_token])
-        emitted.append(EmittedToken(verdict.next_token, origin, p_next))
-    draws = [verdict.draws.get(i) for i in range(len(tokens))]
-    return drafted, verdicts, target_p, draws, emitted
+    if settings.acceptance != TYPICAL:
+        return verify_tree(ctx, logits, tokens, parents)
+    # typical: greedy runs judge against the plain softmax, sampled ones against the warped p
+    p_target = torch.softmax(logits, -1) if ctx.warp.greedy else probs_from_logits(logits, ctx.warp)
+    generator = None if ctx.warp.greedy else ctx.generator
+    verdict = verify_tree_typical(
+        p_target, tokens, parents, settings.typical_epsilon, settings.typical_delta, generator
+    )
+    return verdict, p_target
 
 
 def run(ctx: DecodeContext, settings: MTPHeadsSettings) -> Iterator[Step]:
@@ -184,17 +140,19 @@ def run(ctx: DecodeContext, settings: MTPHeadsSettings) -> Iterator[Step]:
         target.keep(len(seq), verdict.path[: len(emitted_ids) - 1])
         row = verdict.path[len(emitted_ids) - 2] + 1 if len(emitted_ids) > 1 else 0
         hidden = hiddens[row]
-        node_drafts, verdicts, target_p, draws, emitted = record(
-            ctx, verdict, p_target, tokens, parents, q, emitted_ids
-        )
+        rec = record_tree(verdict, p_target, tokens, parents, emitted_ids)
+        depths = node_depths(parents)
         end = ctx.clock.now()
         yield Step(
             index=index,
-            emitted=emitted,
-            drafted=node_drafts,
-            verdicts=verdicts,
-            target_p=target_p,
-            draws=draws,
+            emitted=rec.emitted,
+            drafted=[
+                DraftToken(t, f"head_{d}", qi, parent=par)
+                for t, qi, par, d in zip(tokens, q, parents, depths, strict=True)
+            ],
+            verdicts=rec.verdicts,
+            target_p=rec.target_p,
+            draws=rec.draws,
             draft_s=drafted - start,
             verify_s=verified - drafted,
             step_s=end - start,

@@ -3,6 +3,13 @@
 Each step the draft proposes up to k tokens one by one; the target scores all of them in one
 forward; the longest acceptable prefix is kept, then one token from the target (resampled at the
 first rejection, or a bonus token when all were accepted). Lossless in greedy and sampling mode.
+
+The draft length can adapt (any rule that looks only at the draft keeps it lossless):
+- `constant`: always `num_draft_tokens`;
+- `heuristic`: start at `num_draft_tokens`; +2 after a fully accepted block, −1 otherwise (at least
+  1), as transformers' assisted generation does;
+- `confidence`: draft up to `num_draft_tokens`, but stop as soon as the draft's top probability
+  falls below `confidence_threshold` (transformers' assistant_confidence_threshold, default 0.4).
 """
 
 from collections.abc import Iterator
@@ -14,54 +21,80 @@ from mtp_viz.cache import CachedModel
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.sampling import probs_from_logits, sample
 from mtp_viz.strategies.base import DecodeContext, StrategySpec, chain_drafts, verify_chain
-from mtp_viz.trace import Step
+from mtp_viz.trace import VERDICT_ACCEPTED, Step
 
 NAME = "speculative"
 MAX_DRAFT_TOKENS = 64
 DRAFT_SOURCE = "draft_model"
 
 
+CONSTANT, HEURISTIC, CONFIDENCE = "constant", "heuristic", "confidence"
+SCHEDULES = (CONSTANT, HEURISTIC, CONFIDENCE)
+
+
 @dataclass(frozen=True)
 class SpeculativeSettings:
     num_draft_tokens: int = 5
+    schedule: str = CONSTANT
+    confidence_threshold: float = 0.4  # confidence schedule: stop drafting below this top probability
 
     def __post_init__(self):
         k = self.num_draft_tokens
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_DRAFT_TOKENS:
             raise InvalidSettingsError(f"num_draft_tokens must be an integer from 1 to {MAX_DRAFT_TOKENS}, got {k!r}")
+        if self.schedule not in SCHEDULES:
+            raise InvalidSettingsError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        t = self.confidence_threshold
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t <= 1.0:
+            raise InvalidSettingsError(f"confidence_threshold must be a number in [0, 1], got {t!r}")
 
 
-def propose(ctx: DecodeContext, draft: CachedModel, k: int) -> tuple[list[int], torch.Tensor | None, list]:
-    """Draft k tokens autoregressively. Returns ids, the warped draft distributions (k, V) when
-    sampling (None when greedy), and the probability q of each drafted token."""
+def next_length(settings: SpeculativeSettings, k: int, drafted: int, accepted: int) -> int:
+    """The heuristic schedule: +2 after a fully accepted block, −1 otherwise; others keep k."""
+    if settings.schedule != HEURISTIC or drafted == 0:
+        return k
+    return min(MAX_DRAFT_TOKENS, k + 2) if accepted == drafted else max(1, k - 1)
+
+
+def propose(
+    ctx: DecodeContext, draft: CachedModel, k: int, stop_below: float = 0.0
+) -> tuple[list[int], torch.Tensor | None, list]:
+    """Draft up to k tokens autoregressively, stopping early once the draft's top probability
+    falls below `stop_below`. Returns ids, the warped draft distributions (k, V) when sampling
+    (None when greedy), and the probability q of each drafted token."""
     seq = ctx.seq
     ids: list[int] = []
     dists = []
     q: list[float | None] = []
     for _ in range(k):
         logits = draft.forward(seq + ids)[-1]  # (V,)
+        probs = probs_from_logits(logits, ctx.warp) if not ctx.warp.greedy or stop_below or ctx.record_probs else None
         if ctx.warp.greedy:
             token = int(torch.argmax(logits))
-            q.append(float(torch.softmax(logits, -1)[token]) if ctx.record_probs else None)
+            q.append(float(probs[token]) if ctx.record_probs else None)
         else:
-            probs = probs_from_logits(logits, ctx.warp)
             token = sample(probs, ctx.generator)
             dists.append(probs)
             q.append(float(probs[token]))
         ids.append(token)
+        if stop_below and float(probs.max()) < stop_below:
+            break
     return ids, (torch.stack(dists) if dists else None), q
 
 
 def run(ctx: DecodeContext, settings: SpeculativeSettings) -> Iterator[Step]:
     target = CachedModel(ctx.target, ctx.vocab_size)
     draft = CachedModel(ctx.draft, ctx.vocab_size)
+    length = settings.num_draft_tokens
+    stop_below = settings.confidence_threshold if settings.schedule == CONFIDENCE else 0.0
     index = 0
     while not ctx.done:
         start = ctx.clock.now()
         draft_forwards = draft.forwards
-        k = min(settings.num_draft_tokens, ctx.remaining - 1)  # never draft past the budget
-        # propose: the draft guesses k tokens
-        ids, q_draft, q = propose(ctx, draft, k)
+        k = min(length, ctx.remaining - 1)  # never draft past the budget
+        # propose: the draft guesses up to k tokens
+        ids, q_draft, q = propose(ctx, draft, k, stop_below)
+        k = len(ids)
         drafted = ctx.clock.now()
         # verify: one target forward scores every prefix of the guess
         fed = len(ctx.seq) + k - target.length
@@ -69,6 +102,7 @@ def run(ctx: DecodeContext, settings: SpeculativeSettings) -> Iterator[Step]:
         verified = ctx.clock.now()
         # accept: keep the longest acceptable prefix, then the target's own token
         result = verify_chain(ctx, logits, ids, q_draft)
+        length = next_length(settings, length, k, result.verdicts.count(VERDICT_ACCEPTED))
         # commit: extend the output, forget the key/values of rejected positions
         ctx.output.extend(result.tokens)
         target.rollback(len(ctx.seq) - 1)

@@ -1,0 +1,177 @@
+"""Self-speculative decoding: the target drafts with its own first L layers, then its final norm
+and head (an early exit, as in LayerSkip, Elhoushi et al. 2024 and Draft & Verify, Zhang et al.
+2024), and verifies with the full model. Lossless.
+
+Draft and target share weights and one KV cache. A drafted token passes layers 0..L−1 once, while
+drafting; verification runs only layers L..N−1 over the block, starting from the hidden states the
+draft left at layer L. So the early layers' key/values are computed once per token, by the draft,
+and kept for the accepted tokens. An untrained exit agrees with the full model rarely; the trace
+shows how rarely, layer by layer (try several L).
+
+Works with decoder layers of the Llama family (Llama, Qwen2, Mistral in transformers).
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from mtp_viz.cache import additive_mask, causal_after
+from mtp_viz.errors import InvalidSettingsError, UserError
+from mtp_viz.sampling import probs_from_logits, sample
+from mtp_viz.strategies.base import DecodeContext, StrategySpec, chain_drafts, verify_chain
+from mtp_viz.trace import Step
+
+NAME = "self_speculative"
+MAX_DRAFT_TOKENS = 64
+EXIT_SOURCE = "early_exit"
+
+
+@dataclass(frozen=True)
+class SelfSpeculativeSettings:
+    exit_layer: int = 8  # the draft is layers 0..exit_layer−1, then the final norm and head
+    num_draft_tokens: int = 4
+
+    def __post_init__(self):
+        for name, value, low, high in (
+            ("exit_layer", self.exit_layer, 1, 1_000),
+            ("num_draft_tokens", self.num_draft_tokens, 1, MAX_DRAFT_TOKENS),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InvalidSettingsError(f"{name} must be an integer from {low} to {high}, got {value!r}")
+
+
+class SplitModel:
+    """One model run as two stacks of layers over one KV cache: lower (0..L−1), upper (L..N−1)."""
+
+    def __init__(self, model, exit_layer: int, vocab_size: int):
+        decoder = model.get_decoder()
+        self.layers = decoder.layers
+        if not 1 <= exit_layer < len(self.layers):
+            raise UserError(f"exit_layer must be from 1 to {len(self.layers) - 1} for this model, got {exit_layer}")
+        self.decoder, self.head, self.exit = decoder, model.get_output_embeddings(), exit_layer
+        self.vocab_size = vocab_size
+        self.device, self.dtype = model.device, model.dtype
+        self.cache = DynamicCache(config=model.config)
+        self.lower_len = self.upper_len = 0  # cached positions in the lower and upper layers
+
+    def _run(self, hidden: torch.Tensor, layers: range, past: int) -> torch.Tensor:
+        n = hidden.shape[1]
+        positions = torch.arange(past, past + n, device=self.device)[None]  # (1, n)
+        mask = additive_mask(causal_after(past, n), self.dtype, self.device) if n > 1 else None
+        rotary = self.decoder.rotary_emb(hidden, positions)
+        for i in layers:
+            hidden = self.layers[i](
+                hidden,
+                attention_mask=mask,
+                position_embeddings=rotary,
+                position_ids=positions,
+                past_key_values=self.cache,
+                use_cache=True,
+            )
+        return hidden
+
+    @torch.inference_mode()
+    def lower(self, tokens: list[int]) -> torch.Tensor:
+        """Embed `tokens` and run the early layers: hidden states at layer L (1, n, H)."""
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        out = self._run(self.decoder.embed_tokens(ids), range(self.exit), self.lower_len)
+        self.lower_len += len(tokens)
+        return out
+
+    @torch.inference_mode()
+    def upper(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Run the late layers on layer-L hidden states (1, n, H); logits (n, V)."""
+        out = self._run(hidden, range(self.exit, len(self.layers)), self.upper_len)
+        self.upper_len += hidden.shape[1]
+        return self.logits(out[0])
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final norm and head on (n, H): the early exit's logits at layer L, or the model's own."""
+        return self.head(self.decoder.norm(hidden))[:, : self.vocab_size].float()
+
+    def crop(self, length: int) -> None:
+        for layer in self.cache.layers:
+            cached = layer.get_seq_length() if layer.is_initialized else 0
+            if cached > length:
+                layer.crop(length - cached)
+        self.lower_len, self.upper_len = min(self.lower_len, length), min(self.upper_len, length)
+
+
+def propose(ctx: DecodeContext, model: SplitModel, root: int, k: int):
+    """Draft k tokens with the early exit. Returns ids, the warped draft distributions (k, V) when
+    sampling, each token's q, and the layer-L hidden states of root and all drafted tokens."""
+    ids, dists, q, states = [], [], [], []
+    token = root
+    for _ in range(k):
+        h = model.lower([token])  # (1, 1, H)
+        states.append(h)
+        logits = model.logits(h[0])[0]  # (V,)
+        if ctx.warp.greedy:
+            token = int(torch.argmax(logits))
+            q.append(float(torch.softmax(logits, -1)[token]) if ctx.record_probs else None)
+        else:
+            probs = probs_from_logits(logits, ctx.warp)
+            token = sample(probs, ctx.generator)
+            dists.append(probs)
+            q.append(float(probs[token]))
+        ids.append(token)
+    states.append(model.lower([token]) if k else model.lower([root]))  # the last guess through the early layers too
+    return ids, (torch.stack(dists) if dists else None), q, torch.cat(states[: k + 1], dim=1)
+
+
+def run(ctx: DecodeContext, settings: SelfSpeculativeSettings) -> Iterator[Step]:
+    model = SplitModel(ctx.target, settings.exit_layer, ctx.vocab_size)
+    index = 0
+    while not ctx.done:
+        start = ctx.clock.now()
+        seq = ctx.seq
+        if index == 0:  # prefill: the prompt through every layer, no draft yet
+            ids, q_draft, q = [], None, []
+            drafted = ctx.clock.now()
+            logits = model.upper(model.lower(seq))[-1:]  # (1, V)
+            fed = len(seq)
+        else:
+            k = min(settings.num_draft_tokens, ctx.remaining - 1)
+            # propose: the early exit guesses k tokens, leaving their layer-L states behind
+            ids, q_draft, q, states = propose(ctx, model, seq[-1], k)
+            drafted = ctx.clock.now()
+            # verify: the late layers score root + guesses in one pass from those states
+            logits = model.upper(states)  # (k+1, V)
+            fed = k + 1
+        verified = ctx.clock.now()
+        # accept: the longest acceptable prefix, then the target's own token
+        result = verify_chain(ctx, logits, ids, q_draft)
+        # commit: both stacks keep the accepted tokens' key/values
+        ctx.output.extend(result.tokens)
+        model.crop(len(ctx.seq) - 1)
+        end = ctx.clock.now()
+        yield Step(
+            index=index,
+            emitted=result.emitted,
+            drafted=chain_drafts(ids, EXIT_SOURCE, q),
+            verdicts=result.verdicts,
+            target_p=result.target_p,
+            draws=result.draws,
+            draft_s=drafted - start,
+            verify_s=verified - drafted,
+            step_s=end - start,
+            target_forwards=1,
+            draft_forwards=len(ids),
+            input_tokens=fed,
+            kv_len=model.upper_len,
+            extra={"draft_len": len(ids), "exit_layer": settings.exit_layer},
+        )
+        index += 1
+
+
+SPEC = StrategySpec(
+    name=NAME,
+    settings_cls=SelfSpeculativeSettings,
+    run=run,
+    needs_draft=False,
+    lossless=True,
+    summary="The target's first L layers draft (early exit); the remaining layers verify, sharing the KV cache.",
+)
