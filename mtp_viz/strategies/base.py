@@ -6,7 +6,7 @@ forward, as it happens. It knows its algorithm and nothing about the UI.
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -74,6 +74,29 @@ def _check_float(name: str, value: Any, low: float, high: float) -> None:
         raise InvalidSettingsError(f"{name} must be a finite number, got {value!r}")
     if not low <= value <= high:
         raise InvalidSettingsError(f"{name} must be between {low} and {high}, got {value}")
+
+
+def setting(default, label: str, *, low=None, high=None, choices=None, step=None, help: str = ""):
+    """A strategy setting: its default, and what the UI, the CLI and validation need to know."""
+    meta = {"label": label, "low": low, "high": high, "choices": choices, "step": step, "help": help}
+    return field(default=default, metadata=meta)
+
+
+def check_settings(settings) -> None:
+    """Validate every `setting` field of a frozen settings dataclass: type, range, choices."""
+    for f in fields(settings):
+        m, value = f.metadata, getattr(settings, f.name)
+        if isinstance(f.default, bool):
+            if not isinstance(value, bool):
+                raise InvalidSettingsError(f"{f.name} must be true or false, got {value!r}")
+        elif isinstance(f.default, int):
+            _check_int(f.name, value, m.get("low", 0), m.get("high", MAX_TOP_K))
+        elif isinstance(f.default, float):
+            _check_float(f.name, value, m.get("low", 0.0), m.get("high", MAX_TEMPERATURE))
+        elif m.get("choices") and value not in m["choices"]:
+            raise InvalidSettingsError(f"{f.name} must be one of {', '.join(m['choices'])}, got {value!r}")
+        elif not isinstance(value, str):
+            raise InvalidSettingsError(f"{f.name} must be text, got {value!r}")
 
 
 @dataclass

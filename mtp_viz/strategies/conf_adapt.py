@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from mtp_viz.cache import CachedModel
-from mtp_viz.errors import InvalidSettingsError, UserError
-from mtp_viz.strategies.base import DecodeContext, StrategySpec
+from mtp_viz.errors import UserError
+from mtp_viz.strategies.base import DecodeContext, StrategySpec, check_settings, setting
 from mtp_viz.strategies.mtp_heads import propose
 from mtp_viz.trace import AUTOREGRESSIVE, UNVERIFIED, EmittedToken, Step
 
@@ -33,24 +33,16 @@ REPEAT, OFFSET = "repeat", "offset"
 
 @dataclass(frozen=True)
 class ConfAdaptSettings:
-    k: int = 4  # predictions per forward
-    tau: float = 0.9  # confidence threshold
-    mode: str = ADAPTIVE
-    predictor: str = AUTO  # auto: mask tokens where the model has them, else MTP heads
-    mask_layout: str = REPEAT  # mask-token predictor: one id repeated, or mask_id + j
+    k: int = setting(4, "Predictions per forward k", low=1, high=MAX_K)
+    tau: float = setting(0.9, "Confidence threshold τ", low=0.0, high=1.0, step=0.01)
+    mode: str = setting(ADAPTIVE, "Emit the confident prefix (adaptive) or all k (fixed)", choices=(ADAPTIVE, FIXED))
+    predictor: str = setting(
+        AUTO, "Predictor (auto: mask tokens if the model has them)", choices=(AUTO, MASK_TOKENS, HEADS)
+    )
+    mask_layout: str = setting(REPEAT, "Mask ids: one repeated, or mask_id + j", choices=(REPEAT, OFFSET))
 
     def __post_init__(self):
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
-            raise InvalidSettingsError(f"k must be an integer from 1 to {MAX_K}, got {self.k!r}")
-        if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not 0.0 <= self.tau <= 1.0:
-            raise InvalidSettingsError(f"tau must be a number in [0, 1], got {self.tau!r}")
-        for name, value, allowed in (
-            ("mode", self.mode, (ADAPTIVE, FIXED)),
-            ("predictor", self.predictor, (AUTO, MASK_TOKENS, HEADS)),
-            ("mask_layout", self.mask_layout, (REPEAT, OFFSET)),
-        ):
-            if value not in allowed:
-                raise InvalidSettingsError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        check_settings(self)
 
 
 def uses_heads(settings: ConfAdaptSettings, mask_token_id: int | None) -> bool:

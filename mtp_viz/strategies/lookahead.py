@@ -26,8 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from mtp_viz.cache import CachedModel, node_depths, tree_visibility
-from mtp_viz.errors import InvalidSettingsError
-from mtp_viz.strategies.base import DecodeContext, StrategySpec, record_tree, verify_tree
+from mtp_viz.strategies.base import DecodeContext, StrategySpec, check_settings, record_tree, setting, verify_tree
 from mtp_viz.trace import DraftToken, Step
 
 NAME = "lookahead"
@@ -39,21 +38,13 @@ SEED = 10  # the window's random start, fixed (as Spec-Bench does)
 
 @dataclass(frozen=True)
 class LookaheadSettings:
-    level: int = 5  # N: n-gram size; the window has N−1 levels
-    window: int = 7  # W
-    guess: int = 7  # G: candidates verified per step, and pool entries kept per key
-    pool_from_prompt: bool = False  # seed the pool with the prompt's n-grams
+    level: int = setting(5, "Level N (n-gram size; the window has N−1 levels)", low=3, high=MAX_LEVEL)
+    window: int = setting(7, "Window W (Jacobi columns)", low=1, high=MAX_WINDOW)
+    guess: int = setting(7, "Guess set G (candidates per step)", low=0, high=MAX_GUESS)
+    pool_from_prompt: bool = setting(False, "Seed the n-gram pool with the prompt")
 
     def __post_init__(self):
-        for name, value, low, high in (
-            ("level", self.level, 3, MAX_LEVEL),
-            ("window", self.window, 1, MAX_WINDOW),
-            ("guess", self.guess, 0, MAX_GUESS),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise InvalidSettingsError(f"{name} must be an integer from {low} to {high}, got {value!r}")
-        if not isinstance(self.pool_from_prompt, bool):
-            raise InvalidSettingsError("pool_from_prompt must be true or false")
+        check_settings(self)
 
 
 class NGramPool:

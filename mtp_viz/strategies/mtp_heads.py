@@ -17,7 +17,7 @@ import torch
 from mtp_viz.cache import CachedModel, node_depths, tree_visibility
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.sampling import probs_from_logits, verify_tree_typical
-from mtp_viz.strategies.base import DecodeContext, StrategySpec, record_tree, verify_tree
+from mtp_viz.strategies.base import DecodeContext, StrategySpec, check_settings, record_tree, setting, verify_tree
 from mtp_viz.trace import DraftToken, Step
 
 NAME = "mtp_heads"
@@ -32,21 +32,14 @@ ACCEPTANCES = (EXACT, TYPICAL)
 
 @dataclass(frozen=True)
 class MTPHeadsSettings:
-    tree: str = DEFAULT_TREE  # "chain", or rank paths from the root, comma-separated
-    num_guesses: int = 4  # chain length (tree="chain" only)
-    acceptance: str = EXACT
-    typical_epsilon: float = 0.09  # typical acceptance: hard probability floor ε
-    typical_delta: float = 0.3  # typical acceptance: entropy-scaled floor δ·exp(−H)
+    tree: str = setting(DEFAULT_TREE, "Tree: 'chain', or rank paths from the root (0,1,00,…)")
+    num_guesses: int = setting(4, "Chain length (tree = chain)", low=1, high=MAX_GUESSES)
+    acceptance: str = setting(EXACT, "Acceptance (typical is lossy)", choices=ACCEPTANCES)
+    typical_epsilon: float = setting(0.09, "Typical: hard floor ε", low=0.0, high=1.0, step=0.01)
+    typical_delta: float = setting(0.3, "Typical: entropy-scaled floor δ·exp(−H)", low=0.0, high=1.0, step=0.01)
 
     def __post_init__(self):
-        if self.acceptance not in ACCEPTANCES:
-            raise InvalidSettingsError(f"acceptance must be one of {', '.join(ACCEPTANCES)}, got {self.acceptance!r}")
-        n = self.num_guesses
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_GUESSES:
-            raise InvalidSettingsError(f"num_guesses must be an integer from 1 to {MAX_GUESSES}, got {n!r}")
-        for name, v in (("typical_epsilon", self.typical_epsilon), ("typical_delta", self.typical_delta)):
-            if not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
-                raise InvalidSettingsError(f"{name} must be a number in [0, 1], got {v!r}")
+        check_settings(self)
         parse_tree(self.tree, self.num_guesses)  # raises on a malformed tree
 
     @property

@@ -19,7 +19,7 @@ import numpy as np
 
 from mtp_viz.cache import CachedModel
 from mtp_viz.errors import InvalidSettingsError
-from mtp_viz.strategies.base import DecodeContext, StrategySpec, chain_drafts, verify_chain
+from mtp_viz.strategies.base import DecodeContext, StrategySpec, chain_drafts, check_settings, setting, verify_chain
 from mtp_viz.trace import Step
 
 NAME = "prompt_lookup"
@@ -30,18 +30,12 @@ NGRAM_SOURCE = "ngram"
 
 @dataclass(frozen=True)
 class PromptLookupSettings:
-    num_draft_tokens: int = 10
-    max_ngram_size: int = 3
-    min_ngram_size: int = 2
+    num_draft_tokens: int = setting(10, "Draft tokens per step (most)", low=1, high=MAX_DRAFT_TOKENS)
+    max_ngram_size: int = setting(3, "Longest n-gram matched", low=1, high=MAX_NGRAM_SIZE)
+    min_ngram_size: int = setting(2, "Shortest n-gram matched", low=1, high=MAX_NGRAM_SIZE)
 
     def __post_init__(self):
-        for name, value, high in (
-            ("num_draft_tokens", self.num_draft_tokens, MAX_DRAFT_TOKENS),
-            ("max_ngram_size", self.max_ngram_size, MAX_NGRAM_SIZE),
-            ("min_ngram_size", self.min_ngram_size, MAX_NGRAM_SIZE),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-                raise InvalidSettingsError(f"{name} must be an integer from 1 to {high}, got {value!r}")
+        check_settings(self)
         if self.min_ngram_size > self.max_ngram_size:
             raise InvalidSettingsError(
                 f"min_ngram_size ({self.min_ngram_size}) must not exceed max_ngram_size ({self.max_ngram_size})"

@@ -18,28 +18,24 @@ import torch
 from transformers import DynamicCache
 
 from mtp_viz.cache import additive_mask, causal_after
-from mtp_viz.errors import InvalidSettingsError, UserError
+from mtp_viz.errors import UserError
 from mtp_viz.sampling import probs_from_logits, sample
-from mtp_viz.strategies.base import DecodeContext, StrategySpec, chain_drafts, verify_chain
+from mtp_viz.strategies.base import DecodeContext, StrategySpec, chain_drafts, check_settings, setting, verify_chain
 from mtp_viz.trace import Step
 
 NAME = "self_speculative"
 MAX_DRAFT_TOKENS = 64
+MAX_LAYERS = 256
 EXIT_SOURCE = "early_exit"
 
 
 @dataclass(frozen=True)
 class SelfSpeculativeSettings:
-    exit_layer: int = 8  # the draft is layers 0..exit_layer−1, then the final norm and head
-    num_draft_tokens: int = 4
+    exit_layer: int = setting(8, "Exit layer L (the draft is layers 0..L−1)", low=1, high=MAX_LAYERS)
+    num_draft_tokens: int = setting(4, "Draft tokens per step", low=1, high=MAX_DRAFT_TOKENS)
 
     def __post_init__(self):
-        for name, value, low, high in (
-            ("exit_layer", self.exit_layer, 1, 1_000),
-            ("num_draft_tokens", self.num_draft_tokens, 1, MAX_DRAFT_TOKENS),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise InvalidSettingsError(f"{name} must be an integer from {low} to {high}, got {value!r}")
+        check_settings(self)
 
 
 class SplitModel:

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from mtp_viz.cache import CachedModel
-from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.sampling import probs_from_logits, sample
-from mtp_viz.strategies.base import DecodeContext, StrategySpec, chain_drafts, verify_chain
+from mtp_viz.strategies.base import DecodeContext, StrategySpec, chain_drafts, check_settings, setting, verify_chain
 from mtp_viz.trace import VERDICT_ACCEPTED, Step
 
 NAME = "speculative"
@@ -34,19 +33,16 @@ SCHEDULES = (CONSTANT, HEURISTIC, CONFIDENCE)
 
 @dataclass(frozen=True)
 class SpeculativeSettings:
-    num_draft_tokens: int = 5
-    schedule: str = CONSTANT
-    confidence_threshold: float = 0.4  # confidence schedule: stop drafting below this top probability
+    num_draft_tokens: int = setting(
+        5, "Draft tokens per step (most, for adaptive schedules)", low=1, high=MAX_DRAFT_TOKENS
+    )
+    schedule: str = setting(CONSTANT, "Draft length schedule", choices=SCHEDULES)
+    confidence_threshold: float = setting(
+        0.4, "Stop drafting below this draft probability (confidence schedule)", low=0.0, high=1.0, step=0.05
+    )
 
     def __post_init__(self):
-        k = self.num_draft_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_DRAFT_TOKENS:
-            raise InvalidSettingsError(f"num_draft_tokens must be an integer from 1 to {MAX_DRAFT_TOKENS}, got {k!r}")
-        if self.schedule not in SCHEDULES:
-            raise InvalidSettingsError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        t = self.confidence_threshold
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t <= 1.0:
-            raise InvalidSettingsError(f"confidence_threshold must be a number in [0, 1], got {t!r}")
+        check_settings(self)
 
 
 def next_length(settings: SpeculativeSettings, k: int, drafted: int, accepted: int) -> int:

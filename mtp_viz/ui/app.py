@@ -35,8 +35,10 @@ def api_run(
     num_draft_tokens: int | None = None,
     max_ngram_size: int | None = None,
     min_ngram_size: int | None = None,
+    settings: dict | None = None,
 ) -> dict:
-    """Decode one prompt with one strategy; returns the trace as JSON (docs/trace-format.md)."""
+    """Decode one prompt with one strategy; returns the trace as JSON (docs/trace-format.md).
+    `settings`: any of the strategy's settings by name (README), e.g. {"tree": "chain", "tau": 0.8}."""
     try:
         request = service.build_request(
             prompt,
@@ -49,9 +51,10 @@ def api_run(
             top_p,
             seed,
             raw,
-            num_draft_tokens,
-            max_ngram_size,
-            min_ngram_size,
+            settings,
+            num_draft_tokens=num_draft_tokens,
+            max_ngram_size=max_ngram_size,
+            min_ngram_size=min_ngram_size,
         )
         return service.run_to_end(request).to_dict()
     except UserError as e:

@@ -146,7 +146,7 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
                     max_new_tokens=max_new,
                     temperature=temperature,
                     seed=seed,
-                    num_draft_tokens=k,
+                    settings={"num_draft_tokens": k},
                 )
                 traces = []
                 for r in requests:
@@ -171,7 +171,7 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
                     max_new_tokens=2,
                     temperature=temperature,
                     seed=seed,
-                    num_draft_tokens=k,
+                    settings={"num_draft_tokens": k},
                 )
                 result = check_distribution(request, int(samples))
             except UserError as e:

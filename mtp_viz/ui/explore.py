@@ -9,10 +9,8 @@ from mtp_viz.prompts import spec_bench
 from mtp_viz.registry import Registry
 from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.base import MAX_NEW_TOKENS_LIMIT
-from mtp_viz.strategies.prompt_lookup import MAX_NGRAM_SIZE
-from mtp_viz.strategies.speculative import MAX_DRAFT_TOKENS
 from mtp_viz.trace import Trace
-from mtp_viz.ui import notes, service
+from mtp_viz.ui import controls, notes, service
 from mtp_viz.viz import figures
 from mtp_viz.viz.tables import summary_html
 from mtp_viz.viz.tokens import step_detail_html, tokens_html
@@ -20,11 +18,7 @@ from mtp_viz.viz.tokens import step_detail_html, tokens_html
 UI_MAX_NEW_TOKENS = min(1024, MAX_NEW_TOKENS_LIMIT)
 EXAMPLE_TRACES = Path(__file__).resolve().parent.parent.parent / "assets" / "examples"
 EXAMPLE_CATEGORIES = ("translation", "summarization", "qa", "math_reasoning", "rag", "coding", "writing")
-PARAMS_OF = {  # which strategy shows which parameter control
-    "draft": {n for n, s in STRATEGIES.items() if s.needs_draft},
-    "num_draft_tokens": {"speculative", "prompt_lookup"},
-    "ngram": {"prompt_lookup"},
-}
+NEEDS_DRAFT = {n for n, s in STRATEGIES.items() if s.needs_draft}
 
 
 def example_prompts() -> list[list[str]]:
@@ -72,11 +66,7 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                 draft = gr.Dropdown(
                     [("(none)", "")] + model_choices, value=first_draft, label="Draft model", visible=False
                 )
-                num_draft = gr.Slider(
-                    1, MAX_DRAFT_TOKENS, value=5, step=1, label="Draft tokens per step", visible=False
-                )
-                max_ngram = gr.Slider(1, MAX_NGRAM_SIZE, value=3, step=1, label="Longest n-gram", visible=False)
-                min_ngram = gr.Slider(1, MAX_NGRAM_SIZE, value=2, step=1, label="Shortest n-gram", visible=False)
+                settings = controls.build_controls()  # setting name → control, shown per strategy
                 max_new = gr.Slider(
                     1, UI_MAX_NEW_TOKENS, value=64, step=1, label=f"Max new tokens (limit {UI_MAX_NEW_TOKENS})"
                 )
@@ -122,24 +112,31 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
 
         outputs = [tokens, summary, timeline, positions, lengths, step_slider, detail, pq, download, trace_state]
 
+        names = list(settings)
+
         def show_params(strategy_name):
-            return (
-                gr.Dropdown(visible=strategy_name in PARAMS_OF["draft"]),
-                gr.Slider(visible=strategy_name in PARAMS_OF["num_draft_tokens"]),
-                gr.Slider(visible=strategy_name in PARAMS_OF["ngram"]),
-                gr.Slider(visible=strategy_name in PARAMS_OF["ngram"]),
-            )
+            return (gr.Dropdown(visible=strategy_name in NEEDS_DRAFT), *controls.show_for(strategy_name, names))
 
         def pick_draft(model_id):
             entry = registry.models.get(model_id)
             return gr.Dropdown(value=(entry.drafts[0] if entry and entry.drafts else ""))
 
         def explore_run(
-            prompt, model, strategy, draft, k, n_max, n_min, max_new, temperature, top_k, top_p, seed, raw, baselines
+            prompt, model, strategy, draft, max_new, temperature, top_k, top_p, seed, raw, baselines, *values
         ):
             try:
                 request = service.build_request(
-                    prompt, model, strategy, draft, max_new, temperature, top_k, top_p, seed, raw, k, n_max, n_min
+                    prompt,
+                    model,
+                    strategy,
+                    draft,
+                    max_new,
+                    temperature,
+                    top_k,
+                    top_p,
+                    seed,
+                    raw,
+                    settings=dict(zip(names, values, strict=True)),
                 )
                 for steps, trace in service.stream(request):
                     if trace is None:
@@ -174,7 +171,7 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                 raise gr.Error(str(e)) from None
             return render(trace, baselines)
 
-        strategy.change(show_params, strategy, [draft, num_draft, max_ngram, min_ngram], api_visibility="private")
+        strategy.change(show_params, strategy, [draft, *settings.values()], api_visibility="private")
         model.change(pick_draft, model, draft, api_visibility="private")
         run_event = go.click(
             explore_run,
@@ -183,9 +180,6 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                 model,
                 strategy,
                 draft,
-                num_draft,
-                max_ngram,
-                min_ngram,
                 max_new,
                 temperature,
                 top_k,
@@ -193,6 +187,7 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                 seed,
                 raw,
                 baselines,
+                *settings.values(),
             ],
             outputs + [baselines],
             api_name="explore_stream",  # undocumented: the streaming benchmark drives it

@@ -7,6 +7,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import fields
 from pathlib import Path
 
 from mtp_viz.errors import InvalidSettingsError, InvalidTraceError
@@ -126,15 +127,24 @@ def build_request(
     top_p: float = 1.0,
     seed: float = 0,
     raw: bool = False,
-    num_draft_tokens: float | None = None,
-    max_ngram_size: float | None = None,
-    min_ngram_size: float | None = None,
+    settings: dict | None = None,
+    **setting_values,
 ) -> RunRequest:
     """UI values (numbers arrive as floats, empty choices as "" or None) → a validated RunRequest.
-    Only the settings the chosen strategy has are passed on."""
+
+    Strategy settings come as a dict and/or keywords, for every strategy at once (one control per
+    setting name); only the ones the chosen strategy has are passed on, converted to its types."""
     spec = get_strategy(strategy)
-    offered = {"num_draft_tokens": num_draft_tokens, "max_ngram_size": max_ngram_size, "min_ngram_size": min_ngram_size}
-    strategy_settings = {k: _as_int(k, v) for k, v in settings_of(strategy, offered).items()}
+    if isinstance(settings, str):
+        try:
+            settings = json.loads(settings) if settings.strip() else {}
+        except json.JSONDecodeError:
+            raise InvalidSettingsError("settings must be a JSON object of strategy settings") from None
+    if not isinstance(settings or {}, dict):
+        raise InvalidSettingsError("settings must be a JSON object of strategy settings")
+    offered = {**(settings or {}), **setting_values}
+    types = {f.name: type(f.default) for f in fields(spec.settings_cls)}
+    strategy_settings = {k: _as_type(k, v, types[k]) for k, v in settings_of(strategy, offered).items()}
     generation = GenerationSettings(
         max_new_tokens=_as_int("max_new_tokens", max_new_tokens),
         temperature=_as_float("temperature", temperature),
@@ -151,6 +161,18 @@ def build_request(
         generation=generation,
         strategy_settings=strategy_settings,
     )
+
+
+def _as_type(name: str, value, kind: type):
+    if kind is bool:
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        return value
+    if kind is int:
+        return _as_int(name, value)
+    if kind is float:
+        return _as_float(name, value)
+    return value
 
 
 def baseline_key(trace: Trace) -> str:

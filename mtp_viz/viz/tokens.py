@@ -4,7 +4,7 @@ they were proposed, step boundaries visible, details on hover. Every string is e
 import html
 
 from mtp_viz.trace import VERDICT_ACCEPTED, VERDICT_REJECTED, DraftToken, EmittedToken, Step, Trace
-from mtp_viz.viz.style import ORIGIN_COLOURS, ORIGIN_LABELS, REJECTED_COLOUR, SKIPPED_COLOUR
+from mtp_viz.viz.style import ORIGIN_COLOURS, ORIGIN_LABELS, REJECTED_COLOUR, SKIPPED_COLOUR, VERDICT_COLOURS
 
 NEWLINE_MARK = "↵"
 TAB_MARK = "→"
@@ -30,11 +30,16 @@ def _ratio(p: float | None, q: float | None) -> str:
     return f"{min(1.0, p / q):.3f}"
 
 
+def is_tree(step: Step) -> bool:
+    return any(d.parent is not None for d in step.drafted)
+
+
 def draft_tooltip(step: Step, i: int) -> str:
     d: DraftToken = step.drafted[i]
+    where = f"node {i + 1}, depth {step.depths[i]}" if is_tree(step) else f"draft #{i + 1}"
     parts = [
         f"step {step.index}",
-        f"draft #{i + 1} ({d.source})",
+        f"{where} ({d.source})",
         f"verdict: {step.verdicts[i]}",
         f"q (draft) = {_fmt(d.q)}",
         f"p (target) = {_fmt(step.target_p[i])}",
@@ -64,14 +69,16 @@ def _span(text: str, colour: str, tooltip: str, classes: str) -> str:
 
 
 def step_html(step: Step, selected: bool = False) -> str:
-    """One step: kept tokens, then the thrown-away drafts struck through, then the target's token."""
+    """One step: kept tokens, then the thrown-away drafts struck through, then the target's token.
+    In a token tree only the refused candidates are shown inline (the replay panel has the tree)."""
     parts = []
     accepted = [i for i, v in enumerate(step.verdicts) if v == VERDICT_ACCEPTED]
     emitted = list(step.emitted)
     for i, e in zip(accepted, emitted, strict=False):
         parts.append(_span(e.text, ORIGIN_COLOURS[e.origin], emitted_tooltip(step, e, i), e.origin))
+    tree = is_tree(step)
     for i, v in enumerate(step.verdicts):
-        if v != VERDICT_ACCEPTED:
+        if v != VERDICT_ACCEPTED and not (tree and v != VERDICT_REJECTED):
             colour = REJECTED_COLOUR if v == VERDICT_REJECTED else SKIPPED_COLOUR
             parts.append(_span(step.drafted[i].text, colour, draft_tooltip(step, i), f"mv-drop {v}"))
     for e in emitted[len(accepted) :]:
@@ -125,6 +132,47 @@ def _why(step: Step, i: int, greedy: bool) -> str:
     return f"u = {_fmt(u)} ≥ min(1, p/q) = {keep}: thrown away"
 
 
+def tree_html(step: Step) -> str:
+    """The step's token tree, one node a line, indented by depth; the accepted path in bold."""
+    children: dict[int, list[int]] = {}
+    for i, d in enumerate(step.drafted):
+        children.setdefault(
+            -1 if d.parent is None and i == 0 else (i - 1 if d.parent is None else d.parent), []
+        ).append(i)
+    lines = []
+
+    def walk(node: int, depth: int) -> None:
+        for c in children.get(node, []):
+            d, v = step.drafted[c], step.verdicts[c]
+            label = f"{visible(d.text)} <small>({html.escape(v)}, p = {_fmt(step.target_p[c])})</small>"
+            if v == VERDICT_ACCEPTED:
+                label = f"<b>{label}</b>"
+            colour = VERDICT_COLOURS.get(v, SKIPPED_COLOUR)
+            lines.append(
+                f'<div style="margin-left:{1.5 * depth}em"><span style="background:{colour}">└</span> {label}</div>'
+            )
+            walk(c, depth + 1)
+
+    walk(-1, 0)
+    head = "<p><b>Token tree</b> (children of the last emitted token first):</p>"
+    return f"{head}<div class='mv-tree'>{''.join(lines)}</div>"
+
+
+def confidence_html(step: Step) -> str:
+    """ConfAdapt: the k predictions' confidences against τ; the emitted prefix was not verified."""
+    tau = step.extra.get("tau")
+    cells = "".join(
+        f"<td style='background:{ORIGIN_COLOURS['unverified'] if i < len(step.emitted) else SKIPPED_COLOUR}'>"
+        f"{c:.3f}</td>"
+        for i, c in enumerate(step.extra["confidence"])
+    )
+    return (
+        f"<p>{len(step.extra['confidence'])} predictions from one forward; confidence (top-1 probability) of each, "
+        f"τ = {_fmt(tau)}. The emitted prefix (coloured) was not checked by the target.</p>"
+        f"<table class='mv-detail'><tr>{cells}</tr></table>"
+    )
+
+
 def step_detail_html(trace: Trace, index: int) -> str:
     """The replay panel: every drafted token with q, p, the rule's numbers and its verdict, then
     what the step emitted and why."""
@@ -143,6 +191,10 @@ def step_detail_html(trace: Trace, index: int) -> str:
         if step.drafted
         else "<p>Nothing was drafted in this step: the target ran one ordinary forward.</p>"
     )
+    if is_tree(step):
+        drafted += tree_html(step)
+    if "confidence" in step.extra:  # an unverified multi-token step (ConfAdapt)
+        drafted = confidence_html(step)
     emitted = ", ".join(
         f"<code>{visible(t.text)}</code> ({e(ORIGIN_LABELS[t.origin])}, p = {_fmt(t.p)})" for t in step.emitted
     )
