@@ -26,6 +26,14 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-draft-tokens", type=int, help="tokens drafted per step (speculative, prompt_lookup)")
     p.add_argument("--max-ngram-size", type=int, help="longest n-gram matched (prompt_lookup)")
     p.add_argument("--min-ngram-size", type=int, help="shortest n-gram matched (prompt_lookup)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any strategy setting, e.g. --set tree=chain --set tau=0.8 (README lists them)",
+    )
+    p.add_argument("--heads", help="MTP heads: registry id or directory (default: the model's first registered)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
 
@@ -185,22 +193,20 @@ def _cmd_train(args) -> None:
 
 
 def _request(args, max_new_tokens: int, default_temperature: float):
-    from mtp_viz.runner import RunRequest
+    from mtp_viz.runner import RunRequest, parse_variant
     from mtp_viz.strategies.base import GenerationSettings
 
-    strategy_settings = {}
-    if args.num_draft_tokens is not None:
-        strategy_settings["num_draft_tokens"] = args.num_draft_tokens
-    if args.max_ngram_size is not None:
-        strategy_settings["max_ngram_size"] = args.max_ngram_size
-    if args.min_ngram_size is not None:
-        strategy_settings["min_ngram_size"] = args.min_ngram_size
+    _, strategy_settings = parse_variant(":".join([args.strategy, *args.set]))
+    for name in ("num_draft_tokens", "max_ngram_size", "min_ngram_size"):
+        if getattr(args, name) is not None:
+            strategy_settings[name] = getattr(args, name)
     temperature = default_temperature if args.temperature is None else args.temperature
     return RunRequest(
         prompt=args.prompt,
         model=args.model,
         strategy=args.strategy,
         draft=args.draft,
+        heads=args.heads,
         raw=args.raw,
         generation=GenerationSettings(
             max_new_tokens=max_new_tokens, temperature=temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed

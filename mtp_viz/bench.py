@@ -1,7 +1,6 @@
 """Prompt suites → traces → pandas tables: every strategy on the same prompts, in the same order,
 with autoregressive decoding in the same invocation as the baseline of every speedup."""
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -10,13 +9,14 @@ import pandas as pd
 
 from mtp_viz.errors import UserError
 from mtp_viz.prompts import spec_bench
-from mtp_viz.quality import first_divergence
-from mtp_viz.runner import RunRequest, run
-from mtp_viz.strategies import STRATEGIES, get_strategy
-from mtp_viz.trace import Trace
+from mtp_viz.quality import final_number, first_divergence
+from mtp_viz.runner import RunRequest, parse_variant, run
+from mtp_viz.strategies import STRATEGIES
+from mtp_viz.trace import Trace, depth_counts
 
 SUITES = ("spec-bench",)
 BASELINE = "autoregressive"
+MATH_CATEGORIES = ("math", "math_reasoning")  # final numbers compared with autoregressive's
 
 
 @dataclass(frozen=True)
@@ -54,17 +54,19 @@ def run_bench(
     settings_for: Callable[[str], dict] = lambda s: {},
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, list[Trace]]:
-    """strategy → one trace per prompt. Autoregressive runs first on each prompt; one warm-up run
-    before any timing is kept."""
-    for s in strategies:
-        get_strategy(s)
-    order = [BASELINE] + [s for s in dict.fromkeys(strategies) if s != BASELINE]
+    """label → one trace per prompt. A label is a strategy name or a variant with settings
+    ("conf_adapt:tau=0.8"), so one run can sweep a setting. Autoregressive runs first on each
+    prompt; one warm-up run before any timing is kept."""
+    variants = {label: parse_variant(label) for label in dict.fromkeys(strategies)}
+    order = [BASELINE] + [label for label in variants if label != BASELINE]
     run(replace(base, prompt=prompts[0].text, strategy=BASELINE))  # warm-up, not recorded
-    traces: dict[str, list[Trace]] = {s: [] for s in order}
+    traces: dict[str, list[Trace]] = {label: [] for label in order}
     total, done = len(prompts) * len(order), 0
     for p in prompts:
-        for s in order:
-            traces[s].append(run(replace(base, prompt=p.text, strategy=s, strategy_settings=settings_for(s))))
+        for label in order:
+            name, values = variants.get(label, (BASELINE, {}))
+            request = replace(base, prompt=p.text, strategy=name, strategy_settings={**settings_for(name), **values})
+            traces[label].append(run(request))
             done += 1
             if progress:
                 progress(done, total)
@@ -78,6 +80,8 @@ def results_table(prompts: list[BenchPrompt], traces: dict[str, list[Trace]]) ->
         for p, t, ref in zip(prompts, runs, traces[BASELINE], strict=True):
             s = t.summary
             div = first_divergence(ref.output_token_ids, t.output_token_ids)
+            ref_answer, answer = final_number(ref.output_text), final_number(t.output_text)
+            judged, accepted = depth_counts(t.steps)
             rows.append(
                 {
                     "strategy": strategy,
@@ -90,7 +94,10 @@ def results_table(prompts: list[BenchPrompt], traces: dict[str, list[Trace]]) ->
                     "accepted_tokens": s["accepted_tokens"],
                     "identical": div is None,
                     "agreement": _agreement(ref.output_token_ids, t.output_token_ids),
-                    "lossless": STRATEGIES[strategy].is_lossless(t.settings),
+                    "answer_match": float(answer == ref_answer) if p.category in MATH_CATEGORIES else float("nan"),
+                    "depth_judged": judged,
+                    "depth_accepted": accepted,
+                    "lossless": STRATEGIES[t.strategy].is_lossless(t.settings),
                 }
             )
     return pd.DataFrame(rows)
@@ -115,11 +122,24 @@ def summary_table(results: pd.DataFrame) -> pd.DataFrame:
             "acceptance_rate": g["accepted_tokens"].sum() / g["drafted_tokens"].sum().where(lambda x: x > 0),
             "identical_share": g["identical"].mean(),
             "agreement": g["agreement"].mean(),
+            "math_answer_match": g["answer_match"].mean(),
         }
     ).reset_index()
+    out["per_position_acceptance"] = [
+        _per_position(results[(results["strategy"] == s) & ((results["category"] == c) | (c == "overall"))])
+        for c, s in zip(out["category"], out["strategy"], strict=True)
+    ]
     base = out[out["strategy"] == BASELINE].set_index("category")["tokens_per_s"]
     out["speedup"] = out["tokens_per_s"] / out["category"].map(base)
     return out
+
+
+def _per_position(rows: pd.DataFrame) -> list[float]:
+    """Acceptance at each draft depth over all steps of these runs (steps that drafted that deep)."""
+    depth = max((len(j) for j in rows["depth_judged"]), default=0)
+    judged = [sum(j[i] for j in rows["depth_judged"] if i < len(j)) for i in range(depth)]
+    kept = [sum(a[i] for a in rows["depth_accepted"] if i < len(a)) for i in range(depth)]
+    return [round(k / n, 4) if n else 0.0 for k, n in zip(kept, judged, strict=True)]
 
 
 def save(out_dir: Path, prompts: list[BenchPrompt], traces: dict[str, list[Trace]]) -> pd.DataFrame:
@@ -129,7 +149,7 @@ def save(out_dir: Path, prompts: list[BenchPrompt], traces: dict[str, list[Trace
     out_dir.mkdir(parents=True, exist_ok=True)
     results.to_csv(out_dir / "results.csv", index=False)
     summary.to_csv(out_dir / "summary.csv", index=False)
-    (out_dir / "summary.json").write_text(json.dumps(summary.to_dict(orient="records"), indent=1))
+    (out_dir / "summary.json").write_text(summary.to_json(orient="records", indent=1))
     for strategy, runs in traces.items():
         folder = out_dir / "traces" / strategy
         folder.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
 """Is a strategy lossless? Token identity for greedy runs, distribution tests for sampling."""
 
+import re
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
@@ -86,6 +87,18 @@ def first_token_distribution(model, prompt_ids: list[int], generation: Generatio
     probs = probs_from_logits(logits, generation.warp).cpu()
     nz = torch.nonzero(probs).flatten().tolist()
     return {t: float(probs[t]) for t in nz}
+
+
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def final_number(text: str) -> str | None:
+    """The last number in a text (commas dropped, trailing .0 removed): a math answer to compare."""
+    found = NUMBER.findall(text or "")
+    if not found:
+        return None
+    number = found[-1].replace(",", "")
+    return number[:-2] if number.endswith(".0") else number
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

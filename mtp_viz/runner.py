@@ -58,6 +58,44 @@ def settings_of(strategy: str, offered: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in offered.items() if k in known and v is not None}
 
 
+def coerce(strategy: str, name: str, value: Any) -> Any:
+    """A setting value as typed by a person (text) or a UI (floats for integers) → the setting's type."""
+    field = next((f for f in fields(get_strategy(strategy).settings_cls) if f.name == name), None)
+    if field is None:
+        allowed = ", ".join(sorted(setting_names(strategy))) or "none"
+        raise InvalidSettingsError(f"strategy {strategy} has no setting {name} (settings: {allowed})")
+    kind = type(field.default)
+    if kind is bool and isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.lower() in ("true", "1", "yes")
+    if kind is int and isinstance(value, (str, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except ValueError:
+            raise InvalidSettingsError(f"{name} must be a whole number, got {value!r}") from None
+        if not number.is_integer():
+            raise InvalidSettingsError(f"{name} must be a whole number, got {value}")
+        return int(number)
+    if kind is float and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise InvalidSettingsError(f"{name} must be a number, got {value!r}") from None
+    return value
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    """ "conf_adapt:tau=0.8:k=4" → ("conf_adapt", {"tau": 0.8, "k": 4}); a plain name has no settings."""
+    name, *pairs = text.strip().split(":")
+    get_strategy(name)
+    values = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise InvalidSettingsError(f"expected key=value after {name}:, got {pair!r}")
+        values[key.strip()] = coerce(name, key.strip(), value.strip())
+    return name, values
+
+
 def build_strategy_settings(strategy: str, values: dict[str, Any]):
     """Keyword values → the strategy's frozen settings; unknown keys are an error."""
     spec = get_strategy(strategy)

@@ -85,19 +85,31 @@ class Step:
         return depths
 
 
+def depth_counts(steps: list[Step]) -> tuple[list[int], list[int]]:
+    """Per draft depth d (index d−1): steps that drafted a token at depth d, and steps in which a
+    token at depth d was accepted. In a chain, depth = position in the draft."""
+    judged: list[int] = []
+    kept: list[int] = []
+    for s in steps:
+        depths = s.depths
+        for d in set(depths):
+            while len(judged) < d:
+                judged.append(0)
+                kept.append(0)
+            judged[d - 1] += 1
+        for d in {d for d, v in zip(depths, s.verdicts, strict=True) if v == VERDICT_ACCEPTED}:
+            kept[d - 1] += 1
+    return judged, kept
+
+
 def summarize(steps: list[Step], wall_time_s: float) -> dict[str, Any]:
     """Metrics as defined in DESIGN.md, derived from the steps alone (plus the measured wall time)."""
     new_tokens = sum(len(s.emitted) for s in steps)
     target_forwards = sum(s.target_forwards for s in steps)
     drafted = sum(len(s.drafted) for s in steps)
     accepted = sum(s.accepted for s in steps)
-    per_step = [(s.depths, s.verdicts) for s in steps]
-    deepest = max((max(d, default=0) for d, _ in per_step), default=0)
-    per_position = []
-    for depth in range(1, deepest + 1):
-        judged = [(d, v) for d, v in per_step if depth in d]
-        kept = sum(any(x == depth and y == VERDICT_ACCEPTED for x, y in zip(d, v, strict=True)) for d, v in judged)
-        per_position.append(kept / len(judged))
+    judged, kept = depth_counts(steps)
+    per_position = [k / n for k, n in zip(kept, judged, strict=True)]
     return {
         "new_tokens": new_tokens,
         "wall_time_s": wall_time_s,

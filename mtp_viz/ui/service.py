@@ -7,11 +7,10 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import fields
 from pathlib import Path
 
 from mtp_viz.errors import InvalidSettingsError, InvalidTraceError
-from mtp_viz.runner import Run, RunRequest, settings_of
+from mtp_viz.runner import Run, RunRequest, coerce, settings_of
 from mtp_viz.strategies import get_strategy
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import Step, Trace
@@ -143,8 +142,7 @@ def build_request(
     if not isinstance(settings or {}, dict):
         raise InvalidSettingsError("settings must be a JSON object of strategy settings")
     offered = {**(settings or {}), **setting_values}
-    types = {f.name: type(f.default) for f in fields(spec.settings_cls)}
-    strategy_settings = {k: _as_type(k, v, types[k]) for k, v in settings_of(strategy, offered).items()}
+    strategy_settings = {k: coerce(strategy, k, v) for k, v in settings_of(strategy, offered).items()}
     generation = GenerationSettings(
         max_new_tokens=_as_int("max_new_tokens", max_new_tokens),
         temperature=_as_float("temperature", temperature),
@@ -161,18 +159,6 @@ def build_request(
         generation=generation,
         strategy_settings=strategy_settings,
     )
-
-
-def _as_type(name: str, value, kind: type):
-    if kind is bool:
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        return value
-    if kind is int:
-        return _as_int(name, value)
-    if kind is float:
-        return _as_float(name, value)
-    return value
 
 
 def baseline_key(trace: Trace) -> str:
