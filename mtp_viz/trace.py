@@ -13,7 +13,8 @@ from typing import Any
 
 from mtp_viz.errors import InvalidTraceError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: token trees (parent −1 = the root), per-position acceptance by draft depth
+READABLE_VERSIONS = (1, 2)  # a version-1 trace is a valid version-2 trace without trees
 
 # Where an emitted token came from.
 AUTOREGRESSIVE = "autoregressive"  # the target's own next token, no draft involved
@@ -199,8 +200,9 @@ class Trace:
         if not isinstance(d, dict):
             raise InvalidTraceError("a trace is a JSON object")
         version = d.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise InvalidTraceError(f"unsupported schema_version {version!r} (this build reads {SCHEMA_VERSION})")
+        if isinstance(version, bool) or version not in READABLE_VERSIONS:
+            readable = " and ".join(map(str, READABLE_VERSIONS))
+            raise InvalidTraceError(f"unsupported schema_version {version!r} (this build reads {readable})")
         try:
             steps = [_step_from_dict(s) for s in d["steps"]]
             trace = cls(

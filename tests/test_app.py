@@ -3,6 +3,8 @@
 
 import pytest
 
+from mtp_viz.trace import SCHEMA_VERSION
+
 
 @pytest.fixture(scope="module")
 def client(served_app):
@@ -20,7 +22,9 @@ def test_run_endpoint_returns_a_trace(client):
     trace = client.predict(
         "the cat sat on the mat", model="tiny", strategy="prompt_lookup", max_new_tokens=10, api_name="/run"
     )
-    assert trace["strategy"] == "prompt_lookup" and trace["model"] == "tiny" and trace["schema_version"] == 1
+    assert (
+        trace["strategy"] == "prompt_lookup" and trace["model"] == "tiny" and trace["schema_version"] == SCHEMA_VERSION
+    )
     assert len(trace["output_token_ids"]) <= 10
     assert trace["settings"]["num_draft_tokens"] == 10
 
