@@ -27,11 +27,11 @@ from mtp_viz.training.loop import LoopConfig, seed_everything, train
 class DraftTrainConfig:
     layers: int = 2
     reduced_vocab: int = 8192
-    tokens_per_batch: int = 4096
+    tokens_per_batch: int = 2048
     prompt_weight: float = 0.2
     soft_weight: float = 0.5
     holdout_every: int = 20  # every n-th cached sequence is held out for validation
-    loop: LoopConfig = field(default_factory=LoopConfig)
+    loop: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=2, lr=5e-4))
 
 
 def spread_layers(total: int, n: int) -> tuple[int, ...]:

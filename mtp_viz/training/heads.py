@@ -27,12 +27,12 @@ from mtp_viz.training.loop import LoopConfig, seed_everything, train
 class HeadsTrainConfig:
     depth: int = 4
     reduced_vocab: int = 8192
-    positions_per_batch: int = 1024
+    positions_per_batch: int = 512
     depth_decay: float = 0.8  # loss weight of depth j is depth_decay ** (j - 1)
     soft_weight: float = 0.5
     regression_weight: float = 0.1
     holdout_every: int = 20
-    loop: LoopConfig = field(default_factory=LoopConfig)
+    loop: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=1, lr=1e-3))
 
 
 @dataclass
