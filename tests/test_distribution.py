@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import decode, tiny_model
+from conftest import OracleHeads, decode, tiny_model
 
 import mtp_viz.sampling as sampling
 from mtp_viz.quality import goodness_of_fit, two_sample
@@ -18,10 +18,10 @@ SAMPLES = 3000
 PROMPT = [1, 2, 3, 1, 2]  # repeats, so prompt lookup drafts
 
 
-def exact_joint(model, generation) -> dict[tuple[int, ...], float]:
-    """P(first N tokens) by enumerating every sequence of the tiny vocabulary."""
+def exact_joint(model, generation, n_tokens: int = N_TOKENS) -> dict[tuple[int, ...], float]:
+    """P(first n tokens) by enumerating every sequence of the tiny vocabulary."""
     out = {}
-    for seq in itertools.product(range(V), repeat=N_TOKENS):
+    for seq in itertools.product(range(V), repeat=n_tokens):
         prob = 1.0
         with torch.no_grad():
             logits = model(torch.tensor([PROMPT + list(seq)])).logits[0, len(PROMPT) - 1 :]
@@ -32,18 +32,20 @@ def exact_joint(model, generation) -> dict[tuple[int, ...], float]:
     return out
 
 
-def sample_joint(strategy, model, generation, draft=None, **settings):
+def sample_joint(strategy, model, generation, draft=None, heads=None, n_tokens=N_TOKENS, verdicts=None, **settings):
     samples = []
     for seed in range(SAMPLES):
         gen = GenerationSettings(
-            max_new_tokens=N_TOKENS,
+            max_new_tokens=n_tokens,
             temperature=generation.temperature,
             top_k=generation.top_k,
             top_p=generation.top_p,
             seed=seed,
         )
-        out, _ = decode(model, strategy, PROMPT, gen, draft=draft, **settings)
+        out, steps = decode(model, strategy, PROMPT, gen, draft=draft, heads=heads, **settings)
         samples.append(tuple(out))
+        if verdicts is not None:
+            verdicts.update(v for s in steps for v in s.verdicts)
     return samples
 
 
@@ -58,16 +60,37 @@ def models():
 WARPS = [GenerationSettings(temperature=1.0), GenerationSettings(temperature=0.8, top_k=5, top_p=0.9)]
 
 
+SAMPLED = {  # label → (strategy, settings, tokens sampled: enough for the strategy to draft)
+    "autoregressive": ("autoregressive", {}, 2),
+    "speculative": ("speculative", {"num_draft_tokens": 2}, 2),
+    "speculative-heuristic": ("speculative", {"num_draft_tokens": 1, "schedule": "heuristic"}, 3),
+    "prompt_lookup": ("prompt_lookup", {"num_draft_tokens": 2}, 2),
+    # these draft only after a first plain forward, so they need a longer sample
+    "lookahead": ("lookahead", {"level": 3, "window": 3, "guess": 3, "pool_from_prompt": True}, 3),
+    "self_speculative": ("self_speculative", {"exit_layer": 1, "num_draft_tokens": 2}, 3),
+    "mtp_heads-tree": ("mtp_heads", {"tree": "0,1,00,10"}, 3),
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("generation", WARPS, ids=["t1", "t0.8-k5-p0.9"])
-@pytest.mark.parametrize("strategy", ["autoregressive", "speculative", "prompt_lookup"])
-def test_sampled_tokens_follow_the_exact_target_distribution(models, strategy, generation):
+@pytest.mark.parametrize("label", list(SAMPLED))
+def test_sampled_tokens_follow_the_exact_target_distribution(models, label, generation):
     target, draft = models
-    exact = exact_joint(target, generation)
-    settings = {"num_draft_tokens": 2} if strategy != "autoregressive" else {}
-    samples = sample_joint(strategy, target, generation, draft=draft if strategy == "speculative" else None, **settings)
+    strategy, settings, n = SAMPLED[label]
+    exact = exact_joint(target, generation, n)
+    heads = None
+    if strategy == "mtp_heads":  # heads that guess the greedy continuation (right, then wrong-first)
+        greedy, _ = decode(target, "autoregressive", PROMPT, GenerationSettings(max_new_tokens=4))
+        heads = OracleHeads(target, PROMPT, greedy, wrong_every=2)
+    verdicts = set()
+    samples = sample_joint(
+        strategy, target, generation, draft=draft, heads=heads, n_tokens=n, verdicts=verdicts, **settings
+    )
     result = goodness_of_fit(samples, exact)
     assert result.consistent, result
+    if strategy != "autoregressive":  # the rule was exercised both ways
+        assert {"accepted", "rejected"} <= verdicts, verdicts
 
 
 @pytest.mark.slow
