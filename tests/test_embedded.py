@@ -73,6 +73,11 @@ def test_greedy_identity_on_the_embedded_model(smol, early_exit_draft, prompt):
     for strategy, draft, kw in (
         ("prompt_lookup", None, {}),
         ("speculative", str(early_exit_draft), {"num_draft_tokens": 4}),
+        ("speculative", "smollm2-135m-draft", {"num_draft_tokens": 4, "schedule": "heuristic"}),  # trained draft
+        ("lookahead", None, {}),
+        ("self_speculative", None, {"exit_layer": 12}),
+        ("mtp_heads", None, {}),  # the shipped heads, default tree
+        ("mtp_heads", None, {"tree": "chain"}),
     ):
         trace = run(
             RunRequest(

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from conftest import decode, save_tiny_dir
 
 from mtp_viz.__main__ import main
 from mtp_viz.drafters.draft import load_draft
@@ -11,7 +12,6 @@ from mtp_viz.drafters.heads import load_heads
 from mtp_viz.drafters.vocab import ReducedHead, frequent_tokens
 from mtp_viz.models import load_model
 from mtp_viz.training.loop import LoopConfig, train
-from tests.conftest import decode, save_tiny_dir
 
 
 @pytest.fixture(scope="module")

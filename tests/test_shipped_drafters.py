@@ -1,0 +1,69 @@
+"""The trained draft and MTP heads shipped for the embedded model: they load through the registry,
+have the right shapes, and on a fixed prompt agree with the target far more often than untrained
+drafters of the same architecture (thresholds well below the measured values, docs/training.md)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import decode
+
+from mtp_viz.drafters.draft import build_draft, read_spec
+from mtp_viz.drafters.heads import HeadsSpec, build_heads
+from mtp_viz.models import load_heads_for, load_model
+from mtp_viz.registry import load_registry
+from mtp_viz.runner import RunRequest, run
+from mtp_viz.strategies.base import GenerationSettings
+
+pytestmark = pytest.mark.slow
+MODEL, DRAFT, HEADS = "smollm2-135m", "smollm2-135m-draft", "smollm2-135m-mtp"
+PROMPT = "Explain in a few sentences why the sky is blue."
+TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_model(MODEL)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(target):
+    return run(RunRequest(prompt=PROMPT, model=MODEL, generation=GenerationSettings(max_new_tokens=1))).prompt_token_ids
+
+
+def acceptance(target, prompt_ids, strategy, **kw):
+    _, steps = decode(target.model, strategy, prompt_ids, GenerationSettings(max_new_tokens=TOKENS), **kw)
+    drafted = sum(len(s.drafted) for s in steps)
+    return sum(s.accepted for s in steps) / drafted, sum(len(s.emitted) for s in steps) / len(steps)
+
+
+def test_registry_names_the_trained_drafters():
+    entry = load_registry().models[MODEL]
+    assert entry.drafts[0] == DRAFT and entry.heads[0] == HEADS
+
+
+def test_shipped_draft_loads_and_beats_an_untrained_one(target, prompt_ids):
+    draft = load_model(DRAFT)
+    assert draft.source.startswith("trained_draft:")
+    spec = read_spec(Path(load_registry().models[DRAFT].sources[0].path))
+    assert len(draft.model.model.layers) == len(spec.init_layers) < target.model.config.num_hidden_layers
+    assert draft.model.lm_head.ids.numel() == spec.reduced_vocab
+    with torch.no_grad():
+        logits = draft.model(torch.tensor([prompt_ids])).logits
+    assert logits.shape == (1, len(prompt_ids), target.model.config.vocab_size)
+    trained, _ = acceptance(target, prompt_ids, "speculative", draft=draft.model, num_draft_tokens=4)
+    untrained_model = build_draft(target.model, spec.init_layers, draft.model.lm_head.ids)
+    untrained, _ = acceptance(target, prompt_ids, "speculative", draft=untrained_model, num_draft_tokens=4)
+    assert trained > 0.3 and trained > untrained + 0.2, (trained, untrained)
+
+
+def test_shipped_heads_load_and_beat_untrained_ones(target, prompt_ids):
+    name, heads = load_heads_for(target)
+    assert name == HEADS
+    h = torch.randn(2, target.model.config.hidden_size)
+    nxt = heads.step(h, torch.tensor([5, 6]))
+    assert nxt.shape == h.shape and heads.logits(nxt).shape == (2, target.model.config.vocab_size)
+    _, trained = acceptance(target, prompt_ids, "mtp_heads", heads=heads, tree="chain", num_guesses=3)
+    fresh = build_heads(target.model, HeadsSpec(**{**heads.spec.__dict__}), heads.head.ids)
+    _, untrained = acceptance(target, prompt_ids, "mtp_heads", heads=fresh, tree="chain", num_guesses=3)
+    assert trained > 1.4 and trained > untrained + 0.3, (trained, untrained)  # tokens per target forward
