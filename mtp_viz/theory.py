@@ -42,3 +42,27 @@ def speedup(alpha: float, gamma: int, c: float, verify_cost: Mapping[int, float]
 def optimal_gamma(alpha: float, c: float, max_gamma: int = 32, verify_cost: Mapping[int, float] | None = None) -> int:
     """The draft length with the highest predicted speedup (0: do not speculate)."""
     return max(range(max_gamma + 1), key=lambda g: (speedup(alpha, g, c, verify_cost), -g))  # ties: shorter
+
+
+def measured_point(trace, baseline) -> dict | None:
+    """What a chain-drafting run measured, on the theory's axes: per-token acceptance α (accepted
+    over judged; tokens never judged excluded), mean draft length γ, draft cost ratio c (a draft
+    forward over an autoregressive step of `baseline`, the matching autoregressive run), and the
+    measured speedup. None for runs that drafted nothing."""
+    steps = [s for s in trace.steps if s.drafted]
+    if not steps or baseline is None or not baseline.steps:
+        return None
+    accepted = sum(s.verdicts.count("accepted") for s in steps)
+    judged = accepted + sum(s.verdicts.count("rejected") for s in steps)
+    one_token_s = sum(s.step_s for s in baseline.steps) / len(baseline.steps)
+    forwards = sum(s.draft_forwards for s in steps)
+    draft_s = sum(s.draft_s for s in steps)
+    per_draft = draft_s / forwards if forwards else draft_s / sum(len(s.drafted) for s in steps)
+    base_tps = baseline.summary["tokens_per_s"]
+    return {
+        "label": trace.strategy + (f" ({trace.draft_model})" if trace.draft_model else ""),
+        "alpha": accepted / judged if judged else 0.0,
+        "gamma": sum(len(s.drafted) for s in steps) / len(steps),
+        "c": per_draft / one_token_s if one_token_s > 0 else 0.0,
+        "speedup": trace.summary["tokens_per_s"] / base_tps if base_tps else float("nan"),
+    }

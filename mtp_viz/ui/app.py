@@ -10,8 +10,10 @@ from mtp_viz.models import resolve_device
 from mtp_viz.registry import load_registry
 from mtp_viz.trace import Trace
 from mtp_viz.ui import service
+from mtp_viz.ui.bench_tab import build_bench
 from mtp_viz.ui.compare import build_compare, comparison_requests, verdicts
 from mtp_viz.ui.explore import build_explore
+from mtp_viz.ui.theory_tab import build_theory
 from mtp_viz.viz.tables import metrics_table
 
 TITLE = "mtp-viz"
@@ -98,12 +100,18 @@ def build_app() -> gr.Blocks:
     default_model = registry.default_for(resolve_device(None).type)
     explore = build_explore(registry, default_model)
     compare = build_compare(registry, default_model)
+    theory = build_theory()
+    bench = build_bench()
     with gr.Blocks(title=TITLE) as app:
         gr.Markdown(INTRO)
         with gr.Tab("Explore"):
             explore.render()
         with gr.Tab("Compare"):
             compare.render()
+        with gr.Tab("Theory"):
+            theory.render()
+        with gr.Tab("Benchmark"):
+            bench.render()
         gr.api(api_run, api_name="run", concurrency_limit=4)
         gr.api(api_compare, api_name="compare", concurrency_limit=2)
     return app

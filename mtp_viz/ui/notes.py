@@ -28,3 +28,17 @@ where they differ is diagnosed."""
 DISTRIBUTION = """**What you are seeing.** Each sampler draws the first token many times. If speculative sampling
 is lossless, its histogram matches plain sampling, apart from noise. The chi-square test puts a number
 on "apart from noise"."""
+
+THEORY = """**What you are seeing.** Leviathan et al.'s prediction for speculative decoding. If each drafted
+token is accepted with chance α, a draft of γ tokens yields (1 − α^(γ+1)) / (1 − α) tokens per target
+forward. If one draft forward costs c target forwards, the speedup is that divided by (γc + 1). The
+textbook assumes that verifying γ+1 tokens costs one ordinary forward. On a GPU that is nearly
+true; on a laptop CPU it is not, and the dashed curve uses the verify cost measured on this device
+(`python -m mtp_viz profile`). Diamonds are your own runs: their α, γ and c come from their traces,
+their speedup from the autoregressive run of the same prompt. Where they sit below the curves, the
+difference is what the formula leaves out."""
+
+BENCH = """**What you are seeing.** A benchmark over Spec-Bench prompts (`python -m mtp_viz bench`), with
+autoregressive decoding measured in the same run as the baseline of every speedup. Lossless
+strategies must reproduce autoregressive output (agreement 1). Lossy ones (ConfAdapt, typical
+acceptance) trade agreement for speed: the scatter shows where each one lands."""

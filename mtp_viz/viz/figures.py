@@ -170,3 +170,74 @@ def distribution_histogram(samples: dict[str, list[list[int]]], decode, top: int
         fig.add_bar(x=[html.escape(repr(decode(t))) for t in tokens], y=[c[t] / n for t in tokens], name=name)
     fig.update_layout(**LAYOUT, barmode="group", title="First sampled token", yaxis_title="share of samples")
     return fig
+
+
+def theory_curves(
+    alpha: float, c: float, verify_cost: dict[int, float] | None, points: list[dict], max_gamma: int = 16
+) -> go.Figure:
+    """Predicted speedup against draft length γ: textbook (verifying costs one forward) and with the
+    measured verify-cost curve; runs' measured speedups as points at their mean γ."""
+    from mtp_viz.theory import optimal_gamma, speedup
+
+    gammas = list(range(0, max_gamma + 1))
+    fig = go.Figure()
+    fig.add_scatter(x=gammas, y=[speedup(alpha, g, c) for g in gammas], name="textbook (Leviathan et al.)")
+    best = optimal_gamma(alpha, c, max_gamma)
+    fig.add_vline(x=best, line_dash="dot", line_color="#2563eb", annotation_text=f"best γ = {best}")
+    if verify_cost:
+        usable = [g for g in gammas if g + 1 in verify_cost]
+        fig.add_scatter(
+            x=usable,
+            y=[speedup(alpha, g, c, verify_cost) for g in usable],
+            name="with this device's measured verify cost",
+            line=dict(dash="dash"),
+        )
+    for p in points:
+        fig.add_scatter(
+            x=[p["gamma"]],
+            y=[p["speedup"]],
+            mode="markers",
+            marker=dict(size=11, symbol="diamond"),
+            name=html.escape(p["label"]),
+            hovertemplate=(
+                f"measured: α = {p['alpha']:.2f}, γ = {p['gamma']:.1f}, c = {p['c']:.2f}<br>"
+                "speedup %{y:.2f}x<extra></extra>"
+            ),
+        )
+    fig.add_hline(y=1.0, line_color="#9ca3af")
+    fig.update_layout(
+        **LAYOUT,
+        title=f"Predicted speedup, α = {alpha:.2f}, c = {c:.2f}",
+        xaxis_title="γ (draft length)",
+        yaxis_title="x",
+    )
+    return fig
+
+
+def category_bars(summary, value: str, title: str) -> go.Figure:
+    """A bench summary table → grouped bars of `value` per category, one colour per strategy."""
+    fig = go.Figure()
+    for strategy, rows in summary.groupby("strategy", sort=False):
+        fig.add_bar(x=[html.escape(str(c)) for c in rows["category"]], y=rows[value], name=html.escape(str(strategy)))
+    fig.update_layout(**LAYOUT, barmode="group", title=title)
+    return fig
+
+
+def speed_quality(summary, quality: str = "agreement") -> go.Figure:
+    """Overall speedup against quality (agreement with autoregressive) per strategy: the Pareto view
+    of lossy strategies (lossless ones sit at agreement 1)."""
+    overall = summary[summary["category"] == "overall"]
+    fig = go.Figure(
+        go.Scatter(
+            x=overall["speedup"],
+            y=overall[quality],
+            mode="markers+text",
+            text=[html.escape(str(s)) for s in overall["strategy"]],
+            textposition="top center",
+            marker=dict(size=11),
+        )
+    )
+    fig.update_layout(
+        **LAYOUT, title=f"Speed against quality ({quality})", xaxis_title="speedup (x)", yaxis_title=quality
+    )
+    return fig

@@ -1,0 +1,71 @@
+"""The Benchmark tab: a `python -m mtp_viz bench` results folder (shipped examples, or an uploaded
+summary.csv) as tables and plots: speedup and accepted tokens by category, speed against quality."""
+
+from pathlib import Path
+
+import gradio as gr
+import pandas as pd
+
+from mtp_viz.errors import UserError
+from mtp_viz.ui import notes, service
+from mtp_viz.viz import figures
+
+EXAMPLE_RESULTS = Path(__file__).resolve().parent.parent.parent / "assets" / "bench"
+REQUIRED = ("category", "strategy", "tokens_per_s", "speedup", "mean_accepted_tokens", "agreement")
+
+
+def example_results() -> dict[str, Path]:
+    return {p.parent.name: p for p in sorted(EXAMPLE_RESULTS.glob("*/summary.csv"))}
+
+
+def read_summary(path: str | Path) -> pd.DataFrame:
+    if Path(path).stat().st_size > service.MAX_TRACE_BYTES:
+        raise UserError("that file is too large for a bench summary")
+    try:
+        summary = pd.read_csv(path)
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError):
+        raise UserError("not a CSV file: upload the summary.csv that `python -m mtp_viz bench` writes") from None
+    missing = [c for c in REQUIRED if c not in summary.columns]
+    if missing:
+        raise UserError(f"not a bench summary: columns {', '.join(missing)} are missing")
+    return summary
+
+
+def views(summary: pd.DataFrame):
+    shown = summary.round(3)
+    return (
+        shown,
+        figures.category_bars(summary, "speedup", "Speedup over autoregressive, by category"),
+        figures.category_bars(summary, "mean_accepted_tokens", "Tokens per target forward, by category"),
+        figures.speed_quality(summary),
+    )
+
+
+def build_bench() -> gr.Blocks:
+    examples = example_results()
+    with gr.Blocks() as tab:
+        gr.Markdown(notes.BENCH)
+        with gr.Row():
+            example = gr.Dropdown(
+                list(examples), value=next(iter(examples), None), label="Results measured here (assets/bench)"
+            )
+            upload = gr.File(label="…or upload a summary.csv", file_types=[".csv"], type="filepath")
+        table = gr.Dataframe(label="Summary", interactive=False)
+        with gr.Row():
+            speed = gr.Plot(label="Speedup by category")
+            accepted = gr.Plot(label="Accepted tokens by category")
+        pareto = gr.Plot(label="Speed against quality")
+
+        def show(path):
+            if not path:
+                return (gr.skip(),) * 4
+            try:
+                return views(read_summary(path))
+            except UserError as e:
+                raise gr.Error(str(e)) from None
+
+        outputs = [table, speed, accepted, pareto]
+        example.change(lambda name: show(examples.get(name)), example, outputs, api_visibility="private")
+        upload.upload(show, upload, outputs, api_visibility="private")
+        tab.load(lambda name: show(examples.get(name)), example, outputs, api_visibility="private")
+    return tab

@@ -1,0 +1,65 @@
+"""The Theory and Benchmark tabs' pure parts: measured points from traces, profile and summary
+uploads (bad files refused with a message), and the figures they draw."""
+
+import pandas as pd
+import pytest
+
+from mtp_viz.errors import UserError
+from mtp_viz.theory import measured_point
+from mtp_viz.trace import Trace
+from mtp_viz.ui.bench_tab import read_summary, views
+from mtp_viz.ui.explore import example_traces
+from mtp_viz.ui.theory_tab import numbers_html, points_from, read_profile, shipped_profiles
+from mtp_viz.viz import figures
+
+
+def test_measured_point_from_a_run_and_its_baseline():
+    examples = {k: Trace.load(p) for k, p in example_traces().items()}
+    base, lookup = examples["autoregressive-code-edit"], examples["prompt-lookup-code-edit"]
+    p = measured_point(lookup, base)
+    s = lookup.summary
+    assert p["speedup"] == pytest.approx(s["tokens_per_s"] / base.summary["tokens_per_s"])
+    assert 0 < p["alpha"] <= 1 and p["gamma"] >= 1
+    assert measured_point(base, base) is None  # nothing drafted
+    assert measured_point(lookup, None) is None
+
+
+def test_theory_numbers_and_curves():
+    curve = read_profile(next(iter(shipped_profiles().values())))
+    assert curve[1] == 1.0 and len(curve) >= 16
+    html = numbers_html(0.8, 8, 0.05, None)
+    assert "<b>4.33</b>" in html and "<b>3.09x</b>" in html and "best γ = 8" in html  # Leviathan's worked values
+    fig = figures.theory_curves(0.8, 0.05, curve, points_from([str(p) for p in example_traces().values()]))
+    assert len(fig.data) == 3  # textbook, measured cost, one run
+
+
+def test_bad_uploads_are_refused_with_a_message(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": "x"}')
+    with pytest.raises(UserError, match="not a profile"):
+        read_profile(bad)
+    csv = tmp_path / "summary.csv"
+    csv.write_text("a,b\n1,2\n")
+    with pytest.raises(UserError, match="columns"):
+        read_summary(csv)
+    binary = tmp_path / "x.csv"
+    binary.write_bytes(b"\xff\xfe\x00\x01")
+    with pytest.raises(UserError):
+        read_summary(binary)
+
+
+def test_bench_views_from_a_summary(tmp_path):
+    summary = pd.DataFrame(
+        {
+            "category": ["qa", "qa", "overall", "overall"],
+            "strategy": ["autoregressive", "conf_adapt", "autoregressive", "conf_adapt"],
+            "tokens_per_s": [10.0, 20.0, 10.0, 18.0],
+            "speedup": [1.0, 2.0, 1.0, 1.8],
+            "mean_accepted_tokens": [1.0, 2.5, 1.0, 2.3],
+            "agreement": [1.0, 0.6, 1.0, 0.7],
+        }
+    )
+    path = tmp_path / "summary.csv"
+    summary.to_csv(path, index=False)
+    table, speed, accepted, pareto = views(read_summary(path))
+    assert len(table) == 4 and len(speed.data) == 2 and len(pareto.data[0].x) == 2
