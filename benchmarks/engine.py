@@ -22,6 +22,7 @@ import torch
 
 from mtp_viz.clock import Clock
 from mtp_viz.models import encode_prompt, load_model, quiet_transformers
+from mtp_viz.peers import HF_GENERATE, HF_PROMPT_LOOKUP, run_peer
 from mtp_viz.prompts import CODE_EDIT_PROMPT, spec_bench_prompt
 from mtp_viz.runner import RECORD_MINIMAL, RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
@@ -57,23 +58,11 @@ def ours(model: str, prompt: str, max_new: int, method: str) -> tuple[list[int],
 
 def hf(loaded, prompt_ids: list[int], max_new: int, method: str) -> tuple[list[int], float]:
     pld = PromptLookupSettings()
-    extra = {"prompt_lookup_num_tokens": pld.num_draft_tokens, "max_matching_ngram_size": pld.max_ngram_size}
-    ids = torch.tensor([prompt_ids], device=loaded.device)
-    clock = Clock(loaded.device)
-    start = clock.now()
-    out = loaded.model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=max_new,
-        do_sample=False,
-        eos_token_id=sorted(loaded.eos_token_ids),
-        pad_token_id=0,
-        **(extra if method == "hf_pld" else {}),
+    peer = HF_PROMPT_LOOKUP if method == "hf_pld" else HF_GENERATE
+    r = run_peer(
+        peer, loaded, prompt_ids, max_new, num_draft_tokens=pld.num_draft_tokens, max_ngram_size=pld.max_ngram_size
     )
-    wall = clock.now() - start
-    new = out[0, len(prompt_ids) :].tolist()
-    eos = [i for i, t in enumerate(new) if t in loaded.eos_token_ids]
-    return (new[: eos[0] + 1] if eos else new), wall
+    return r.output_token_ids, r.wall_time_s
 
 
 def print_direct_costs(loaded, args) -> None:

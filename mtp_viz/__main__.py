@@ -67,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--device", default="auto")
     bench.add_argument("--dtype", default="auto")
+    bench.add_argument(
+        "--peers",
+        default="",
+        help="transformers baselines in the same run, comma-separated: hf_generate, hf_assisted, hf_prompt_lookup",
+    )
     bench.add_argument("--out", type=Path, required=True)
     prof = sub.add_parser("profile", help="measure the verify-cost curve (and draft cost ratio c) on this device")
     prof.add_argument("--model", help="registry id or local model directory (default: the device's default)")
@@ -127,9 +132,12 @@ def _cmd_bench(args) -> None:
     def settings_for(strategy: str) -> dict:
         return settings_of(strategy, {"num_draft_tokens": args.num_draft_tokens})
 
-    with tqdm(total=len(prompts) * len(set(strategies) | {"autoregressive"}), unit="run") as bar:
-        traces = run_bench(prompts, strategies, base, settings_for, progress=lambda done, _: bar.update(1))
-    summary = save(args.out, prompts, traces)
+    peers = [p for p in args.peers.split(",") if p]
+    with tqdm(total=len(prompts) * (len(set(strategies) | {"autoregressive"}) + len(peers)), unit="run") as bar:
+        traces, peer_runs = run_bench(
+            prompts, strategies, base, settings_for, progress=lambda done, _: bar.update(1), peers=peers
+        )
+    summary = save(args.out, prompts, traces, peer_runs)
     print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"results, summary and traces written to {args.out}")
 

@@ -8,10 +8,14 @@ from pathlib import Path
 import pandas as pd
 
 from mtp_viz.errors import UserError
+from mtp_viz.models import load_model, resolve_device
+from mtp_viz.peers import HF_ASSISTED, PEERS, PeerRun, run_peer
 from mtp_viz.prompts import spec_bench
 from mtp_viz.quality import final_number, first_divergence
+from mtp_viz.registry import load_registry
 from mtp_viz.runner import RunRequest, parse_variant, run
 from mtp_viz.strategies import STRATEGIES
+from mtp_viz.strategies.speculative import SpeculativeSettings
 from mtp_viz.trace import Trace, depth_counts
 
 SUITES = ("spec-bench",)
@@ -53,15 +57,27 @@ def run_bench(
     base: RunRequest,
     settings_for: Callable[[str], dict] = lambda s: {},
     progress: Callable[[int, int], None] | None = None,
-) -> dict[str, list[Trace]]:
-    """label → one trace per prompt. A label is a strategy name or a variant with settings
-    ("conf_adapt:tau=0.8"), so one run can sweep a setting. Autoregressive runs first on each
-    prompt; one warm-up run before any timing is kept."""
+    peers: list[str] = (),
+) -> tuple[dict[str, list[Trace]], dict[str, list[PeerRun]]]:
+    """label → one trace per prompt, and peer (transformers generate) → one run per prompt.
+
+    A label is a strategy name or a variant with settings ("conf_adapt:tau=0.8"), so one run can
+    sweep a setting. On each prompt autoregressive runs first, then the strategies, then the
+    peers, all on the same prompt ids; one warm-up run before any timing is discarded."""
     variants = {label: parse_variant(label) for label in dict.fromkeys(strategies)}
     order = [BASELINE] + [label for label in variants if label != BASELINE]
+    for peer in peers:
+        if peer not in PEERS:
+            raise UserError(f"unknown peer {peer!r}; choose from {', '.join(PEERS)}")
     run(replace(base, prompt=prompts[0].text, strategy=BASELINE))  # warm-up, not recorded
+    target = load_model(
+        base.model or load_registry().default_for(resolve_device(base.device).type), base.device, base.dtype
+    )
+    draft = _peer_draft(base, target) if HF_ASSISTED in peers else None
+    k = settings_for("speculative").get("num_draft_tokens", SpeculativeSettings().num_draft_tokens)
     traces: dict[str, list[Trace]] = {label: [] for label in order}
-    total, done = len(prompts) * len(order), 0
+    peer_runs: dict[str, list[PeerRun]] = {peer: [] for peer in peers}
+    total, done = len(prompts) * (len(order) + len(peers)), 0
     for p in prompts:
         for label in order:
             name, values = variants.get(label, (BASELINE, {}))
@@ -70,17 +86,52 @@ def run_bench(
             done += 1
             if progress:
                 progress(done, total)
-    return traces
+        prompt_ids = traces[BASELINE][-1].prompt_token_ids
+        for peer in peers:
+            peer_runs[peer].append(run_peer(peer, target, prompt_ids, base.generation.max_new_tokens, draft, k))
+            done += 1
+            if progress:
+                progress(done, total)
+    return traces, peer_runs
 
 
-def results_table(prompts: list[BenchPrompt], traces: dict[str, list[Trace]]) -> pd.DataFrame:
-    """One row per (strategy, prompt) with the trace's metrics and its agreement with autoregressive."""
+def _peer_draft(base: RunRequest, target):
+    name = base.draft or next(iter(load_registry().models.get(target.name).drafts), None)
+    if name is None:
+        raise UserError("hf_assisted needs a draft model: pass --draft")
+    return load_model(name, base.device, base.dtype)
+
+
+def results_table(
+    prompts: list[BenchPrompt], traces: dict[str, list[Trace]], peer_runs: dict[str, list[PeerRun]] | None = None
+) -> pd.DataFrame:
+    """One row per (strategy, prompt) with the trace's metrics and its agreement with autoregressive;
+    peers (transformers generate) have no trace, so only their speed and agreement."""
     rows = []
+    for peer, runs in (peer_runs or {}).items():
+        for p, r, ref in zip(prompts, runs, traces[BASELINE], strict=True):
+            rows.append(
+                {
+                    "strategy": peer,
+                    "prompt_id": p.id,
+                    "category": p.category,
+                    "new_tokens": len(r.output_token_ids),
+                    "wall_time_s": r.wall_time_s,
+                    "target_forwards": float("nan"),
+                    "drafted_tokens": float("nan"),
+                    "accepted_tokens": float("nan"),
+                    "identical": first_divergence(ref.output_token_ids, r.output_token_ids) is None,
+                    "agreement": _agreement(ref.output_token_ids, r.output_token_ids),
+                    "answer_match": _answer_match(p, ref.output_text, r.output_text),
+                    "depth_judged": [],
+                    "depth_accepted": [],
+                    "lossless": True,
+                }
+            )
     for strategy, runs in traces.items():
         for p, t, ref in zip(prompts, runs, traces[BASELINE], strict=True):
             s = t.summary
             div = first_divergence(ref.output_token_ids, t.output_token_ids)
-            ref_answer, answer = final_number(ref.output_text), final_number(t.output_text)
             judged, accepted = depth_counts(t.steps)
             rows.append(
                 {
@@ -94,13 +145,20 @@ def results_table(prompts: list[BenchPrompt], traces: dict[str, list[Trace]]) ->
                     "accepted_tokens": s["accepted_tokens"],
                     "identical": div is None,
                     "agreement": _agreement(ref.output_token_ids, t.output_token_ids),
-                    "answer_match": float(answer == ref_answer) if p.category in MATH_CATEGORIES else float("nan"),
+                    "answer_match": _answer_match(p, ref.output_text, t.output_text),
                     "depth_judged": judged,
                     "depth_accepted": accepted,
                     "lossless": STRATEGIES[t.strategy].is_lossless(t.settings),
                 }
             )
     return pd.DataFrame(rows)
+
+
+def _answer_match(prompt: BenchPrompt, reference: str, text: str) -> float:
+    """Math prompts: 1.0 if the final number equals autoregressive's, else 0.0; NaN elsewhere."""
+    if prompt.category not in MATH_CATEGORIES:
+        return float("nan")
+    return float(final_number(text) == final_number(reference))
 
 
 def _agreement(ref: list[int], out: list[int]) -> float:
@@ -118,8 +176,9 @@ def summary_table(results: pd.DataFrame) -> pd.DataFrame:
         {
             "prompts": g["prompt_id"].count(),
             "tokens_per_s": g["new_tokens"].sum() / g["wall_time_s"].sum(),
-            "mean_accepted_tokens": g["new_tokens"].sum() / g["target_forwards"].sum(),
-            "acceptance_rate": g["accepted_tokens"].sum() / g["drafted_tokens"].sum().where(lambda x: x > 0),
+            "mean_accepted_tokens": g["new_tokens"].sum() / g["target_forwards"].sum(min_count=1),
+            "acceptance_rate": g["accepted_tokens"].sum(min_count=1)
+            / g["drafted_tokens"].sum(min_count=1).where(lambda x: x > 0),
             "identical_share": g["identical"].mean(),
             "agreement": g["agreement"].mean(),
             "math_answer_match": g["answer_match"].mean(),
@@ -142,16 +201,21 @@ def _per_position(rows: pd.DataFrame) -> list[float]:
     return [round(k / n, 4) if n else 0.0 for k, n in zip(kept, judged, strict=True)]
 
 
-def save(out_dir: Path, prompts: list[BenchPrompt], traces: dict[str, list[Trace]]) -> pd.DataFrame:
-    """Writes results.csv, summary.csv, summary.json and traces/<strategy>/<prompt id>.json."""
-    results = results_table(prompts, traces)
+def save(
+    out_dir: Path,
+    prompts: list[BenchPrompt],
+    traces: dict[str, list[Trace]],
+    peer_runs: dict[str, list[PeerRun]] | None = None,
+) -> pd.DataFrame:
+    """Writes results.csv, summary.csv, summary.json and traces/<label>/<prompt id>.json."""
+    results = results_table(prompts, traces, peer_runs)
     summary = summary_table(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     results.to_csv(out_dir / "results.csv", index=False)
     summary.to_csv(out_dir / "summary.csv", index=False)
     (out_dir / "summary.json").write_text(summary.to_json(orient="records", indent=1))
-    for strategy, runs in traces.items():
-        folder = out_dir / "traces" / strategy
+    for label, runs in traces.items():
+        folder = out_dir / "traces" / label.replace(":", "_").replace("=", "-").replace(",", "_")
         folder.mkdir(parents=True, exist_ok=True)
         for p, t in zip(prompts, runs, strict=True):
             t.save(folder / f"{p.id}.json")

@@ -26,11 +26,13 @@ def test_bench_command_writes_tables_and_traces(use_tiny_registry, tmp_path, cap
         [
             "bench",
             "--categories",
-            "translation,coding",
+            "translation,math_reasoning",
             "--limit",
             "1",
             "--strategies",
-            "speculative,prompt_lookup",
+            "speculative,prompt_lookup,speculative:schedule=heuristic",
+            "--peers",
+            "hf_generate,hf_assisted,hf_prompt_lookup",
             "--model",
             "tiny",
             "--max-new-tokens",
@@ -44,9 +46,15 @@ def test_bench_command_writes_tables_and_traces(use_tiny_registry, tmp_path, cap
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     overall = {r["strategy"]: r for r in summary if r["category"] == "overall"}
-    assert set(overall) == {"autoregressive", "speculative", "prompt_lookup"}
+    labels = {"speculative", "prompt_lookup", "speculative:schedule=heuristic"}
+    peers = {"hf_generate", "hf_assisted", "hf_prompt_lookup"}
+    assert set(overall) == {"autoregressive"} | labels | peers
     assert overall["autoregressive"]["speedup"] == 1.0 and overall["autoregressive"]["mean_accepted_tokens"] == 1.0
-    assert overall["speculative"]["identical_share"] == 1.0 and overall["prompt_lookup"]["identical_share"] == 1.0
+    assert all(overall[s]["identical_share"] == 1.0 for s in labels | peers)  # all lossless, greedy
+    assert all(overall[p]["mean_accepted_tokens"] is None for p in peers)  # no trace, no forward count
+    assert overall["autoregressive"]["math_answer_match"] == 1.0
+    assert len(overall["speculative"]["per_position_acceptance"]) == 3
     assert len(list((out / "traces" / "speculative").glob("*.json"))) == 2
-    assert (out / "results.csv").read_text().count("\n") == 1 + 3 * 2
+    assert len(list((out / "traces" / "speculative_schedule-heuristic").glob("*.json"))) == 2
+    assert (out / "results.csv").read_text().count("\n") == 1 + 7 * 2
     assert "overall" in capsys.readouterr().out

@@ -52,7 +52,7 @@ def build_draft(target: PreTrainedModel, init_layers: tuple[int, ...], vocab_ids
     draft.model.rotary_emb = target.model.rotary_emb
     draft.model.norm = copy.deepcopy(target.model.norm)
     draft.lm_head = ReducedHead(target.lm_head.weight, vocab_ids.to(target.device), config.vocab_size)
-    draft.generation_config = target.generation_config
+    draft.generation_config = copy.deepcopy(target.generation_config)  # transformers may edit an assistant's
     draft.model.embed_tokens.weight.requires_grad_(False)
     return draft.eval()
 

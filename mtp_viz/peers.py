@@ -1,0 +1,65 @@
+"""Peer baselines: transformers' own `generate` on the same model, prompt and settings, so every
+benchmark row can say "ours vs transformers". Greedy, batch size 1, timed like our runs."""
+
+from dataclasses import dataclass
+
+import torch
+
+from mtp_viz.clock import Clock
+from mtp_viz.models import LoadedModel
+
+HF_GENERATE = "hf_generate"  # plain greedy generate
+HF_ASSISTED = "hf_assisted"  # assisted generation with the same draft model (assistant_model)
+HF_PROMPT_LOOKUP = "hf_prompt_lookup"  # prompt_lookup_num_tokens
+PEERS = (HF_GENERATE, HF_ASSISTED, HF_PROMPT_LOOKUP)
+
+
+@dataclass(frozen=True)
+class PeerRun:
+    peer: str
+    output_token_ids: list[int]
+    output_text: str
+    wall_time_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.output_token_ids) / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+
+@torch.inference_mode()
+def run_peer(
+    peer: str,
+    target: LoadedModel,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    draft: LoadedModel | None = None,
+    num_draft_tokens: int = 5,
+    max_ngram_size: int = 3,
+) -> PeerRun:
+    extra = {}
+    if peer == HF_ASSISTED:
+        if draft is None:
+            raise ValueError("hf_assisted needs a draft model")
+        extra = {"assistant_model": draft.model, "num_assistant_tokens": num_draft_tokens}
+    elif peer == HF_PROMPT_LOOKUP:
+        extra = {"prompt_lookup_num_tokens": num_draft_tokens, "max_matching_ngram_size": max_ngram_size}
+    elif peer != HF_GENERATE:
+        raise ValueError(f"unknown peer {peer!r}; choose one of {', '.join(PEERS)}")
+    ids = torch.tensor([prompt_ids], device=target.device)
+    clock = Clock(target.device)
+    start = clock.now()
+    out = target.model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=sorted(target.eos_token_ids),
+        pad_token_id=0,
+        **extra,
+    )
+    wall = clock.now() - start
+    new = out[0, len(prompt_ids) :].tolist()
+    eos = [i for i, t in enumerate(new) if t in target.eos_token_ids]
+    new = new[: eos[0] + 1] if eos else new
+    text = target.tokenizer.decode(new, skip_special_tokens=False) if target.tokenizer else ""
+    return PeerRun(peer, new, text, wall)
