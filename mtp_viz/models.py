@@ -10,6 +10,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -32,6 +33,7 @@ CACHE_ENV = "MTP_VIZ_CACHE"
 HUB_HOST = ("huggingface.co", 443)
 HUB_TIMEOUT_S = 2.0
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")  # owner/name
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,9 @@ def _load_cached(name: str, device: str, dtype: str) -> LoadedModel:
     if is_model_dir(name):
         model, tok = _from_dir(Path(name), torch.device(device), DTYPES[dtype])
         return _wrap(display_name(name), model, tok, chat=bool(tok and tok.chat_template), source=name)
+    if HUB_ID.fullmatch(name) and hub_reachable():  # an unregistered hub repo (never with remote code)
+        model, tok = _from_hub(name, torch.device(device), DTYPES[dtype])
+        return _wrap(name, model, tok, chat=bool(tok and tok.chat_template), source=f"hub:{name}")
     registry.get(name)  # raises UnknownModelError with the list of known ids
     raise AssertionError("unreachable")
 

@@ -14,7 +14,7 @@ from mtp_viz.ui import service
 from mtp_viz.ui.compare import MAX_COMPARED, comparison_requests
 
 
-def test_build_request_keeps_only_the_strategy_settings():
+def test_build_request_keeps_only_the_strategy_settings(use_tiny_registry):
     r = service.build_request(
         "hi", "tiny", "autoregressive", draft="tiny-draft", max_new_tokens=12.0, num_draft_tokens=7, max_ngram_size=3
     )
@@ -25,7 +25,7 @@ def test_build_request_keeps_only_the_strategy_settings():
         service.build_request("hi", "tiny", "autoregressive", max_new_tokens=2.5)
 
 
-def test_comparison_requests_put_autoregressive_first():
+def test_comparison_requests_put_autoregressive_first(use_tiny_registry):
     rs = comparison_requests(["prompt_lookup", "autoregressive", "prompt_lookup"], prompt="x", model="tiny")
     assert [r.strategy for r in rs] == ["autoregressive", "prompt_lookup"]
     with pytest.raises(UserError, match="at least one"):
@@ -154,3 +154,19 @@ def test_uploaded_traces_compare_with_autoregressive_first(use_tiny_registry, tm
         uploaded_comparison([paths[0], paths[0]])
     with pytest.raises(UserError, match="upload 2"):
         uploaded_comparison(paths[:1])
+
+
+def test_the_app_loads_registered_models_only(use_tiny_registry, tmp_path, monkeypatch):
+    """A path on the server's disk or an unregistered id is refused before anything loads."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    for name in (str(model_dir), "/etc", "../models", "someone/some-model"):
+        with pytest.raises(UserError, match="registry"):
+            service.build_request("hi", name, "autoregressive")
+        with pytest.raises(UserError, match="registry"):
+            service.build_request("hi", "tiny", "speculative", draft=name)
+    monkeypatch.setenv(service.ANY_MODEL_ENV, "1")
+    assert service.build_request("hi", "someone/some-model", "autoregressive").model == "someone/some-model"
+    with pytest.raises(UserError, match="registry"):  # still never a local path
+        service.build_request("hi", str(model_dir), "autoregressive")

@@ -2,6 +2,7 @@
 traces in and out as files. No decoding logic and no layout here."""
 
 import json
+import os
 import tempfile
 import threading
 from collections import defaultdict
@@ -9,13 +10,16 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
-from mtp_viz.errors import InvalidSettingsError, InvalidTraceError
+from mtp_viz.errors import InvalidSettingsError, InvalidTraceError, UnknownModelError
+from mtp_viz.models import HUB_ID
+from mtp_viz.registry import load_registry
 from mtp_viz.runner import Run, RunRequest, coerce, settings_of
 from mtp_viz.strategies import get_strategy
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import Step, Trace
 
 MAX_TRACE_BYTES = 8 * 1024 * 1024  # uploads above this are refused
+ANY_MODEL_ENV = "MTP_VIZ_ALLOW_ANY_MODEL"  # 1: the app may load hub ids beyond the registry
 STREAM_INTERVAL_S = 0.25  # the UI redraws this often while a run streams
 
 # One decoding job per model at a time: runs on different models proceed in parallel.
@@ -93,6 +97,15 @@ def read_uploaded_trace(path: str | None) -> Trace:
     return Trace.from_json(text)
 
 
+def model_allowed(name: str) -> bool:
+    """The app loads registered models only: a user's string never becomes a path on this disk.
+    With ANY_MODEL_ENV=1 other Hugging Face hub ids are allowed too (still never a local path)."""
+    if name in load_registry().models:
+        return True
+    allow = os.environ.get(ANY_MODEL_ENV, "") not in ("", "0", "false", "False")
+    return allow and HUB_ID.fullmatch(name) is not None and not Path(name).exists()
+
+
 def _as_int(name: str, value) -> int:
     if isinstance(value, float):
         if not value.is_integer():
@@ -150,11 +163,18 @@ def build_request(
         top_p=_as_float("top_p", top_p),
         seed=_as_int("seed", seed),
     )
+    draft = (draft or None) if spec.needs_draft else None
+    for name in (model, draft):
+        if name and not model_allowed(name):
+            raise UnknownModelError(
+                f"unknown model {name!r}: the app loads the models in its registry "
+                f"({', '.join(load_registry().models)}); set {ANY_MODEL_ENV}=1 to allow other hub ids"
+            )
     return RunRequest(
         prompt=prompt,
         model=model or None,
         strategy=strategy,
-        draft=(draft or None) if spec.needs_draft else None,
+        draft=draft,
         raw=bool(raw),
         generation=generation,
         strategy_settings=strategy_settings,
