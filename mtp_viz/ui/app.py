@@ -13,6 +13,7 @@ from mtp_viz.ui import service
 from mtp_viz.ui.bench_tab import build_bench
 from mtp_viz.ui.compare import build_compare, comparison_requests, verdicts
 from mtp_viz.ui.explore import build_explore
+from mtp_viz.ui.gpu import on_gpu
 from mtp_viz.ui.theory_tab import build_theory
 from mtp_viz.viz.tables import metrics_table
 
@@ -23,6 +24,7 @@ INTRO = (
 )
 
 
+@on_gpu
 def api_run(
     prompt: str,
     model: str = "",
@@ -63,6 +65,7 @@ def api_run(
         raise gr.Error(str(e)) from None
 
 
+@on_gpu
 def api_compare(
     prompt: str,
     strategies: list[str],

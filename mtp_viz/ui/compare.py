@@ -13,6 +13,7 @@ from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.speculative import MAX_DRAFT_TOKENS
 from mtp_viz.trace import Trace
 from mtp_viz.ui import notes, service
+from mtp_viz.ui.gpu import on_gpu
 from mtp_viz.viz import figures
 from mtp_viz.viz.tables import metrics_table
 from mtp_viz.viz.tokens import tokens_html
@@ -136,6 +137,7 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
         dist_plot = gr.Plot(label="First sampled token")
         dist_verdict = gr.HTML(elem_id="mv-dist-verdict")
 
+        @on_gpu
         def compare_run(prompt, model, draft, strategies, k, max_new, temperature, seed):
             try:
                 requests = comparison_requests(
@@ -161,6 +163,7 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
             except UserError as e:
                 raise gr.Error(str(e)) from None
 
+        @on_gpu
         def distribution(prompt, model, draft, k, samples, temperature, seed):
             try:
                 request = service.build_request(

@@ -11,6 +11,7 @@ from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.base import MAX_NEW_TOKENS_LIMIT
 from mtp_viz.trace import Trace
 from mtp_viz.ui import controls, notes, service
+from mtp_viz.ui.gpu import on_gpu
 from mtp_viz.viz import figures
 from mtp_viz.viz.tables import summary_html
 from mtp_viz.viz.tokens import step_detail_html, tokens_html
@@ -121,6 +122,7 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
             entry = registry.models.get(model_id)
             return gr.Dropdown(value=(entry.drafts[0] if entry and entry.drafts else ""))
 
+        @on_gpu
         def explore_run(
             prompt, model, strategy, draft, max_new, temperature, top_k, top_p, seed, raw, baselines, *values
         ):
