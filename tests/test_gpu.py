@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import decode, hf_greedy, perturbed, tiny_model
+from conftest import OracleHeads, decode, hf_greedy, perturbed, tiny_model
 
 from mtp_viz.clock import Clock
 from mtp_viz.strategies.base import GenerationSettings
@@ -18,8 +18,15 @@ def test_greedy_identity_on_cuda(dtype):
     generation = GenerationSettings(max_new_tokens=40)
     reference, _ = decode(model, "autoregressive", PROMPT, generation)
     assert reference == hf_greedy(model, PROMPT, 40)
-    for strategy, kw in (("speculative", {"num_draft_tokens": 4}), ("prompt_lookup", {})):
-        out, _ = decode(model, strategy, PROMPT, generation, draft=draft if strategy == "speculative" else None, **kw)
+    heads = OracleHeads(model, PROMPT, reference)
+    for strategy, kw in (
+        ("speculative", {"num_draft_tokens": 4}),
+        ("prompt_lookup", {}),
+        ("lookahead", {}),
+        ("self_speculative", {"exit_layer": 1}),
+        ("mtp_heads", {}),
+    ):
+        out, _ = decode(model, strategy, PROMPT, generation, draft=draft, heads=heads, **kw)
         assert out == reference, strategy
 
 
