@@ -46,6 +46,19 @@ def test_run_endpoint_with_a_draft_and_sampling(client):
     assert trace["settings"]["temperature"] == 0.8
 
 
+def test_run_endpoint_takes_any_strategy_setting(client):
+    trace = client.predict(
+        "the cat sat on the mat and the cat sat",
+        model="tiny",
+        strategy="lookahead",
+        max_new_tokens=10,
+        settings={"level": 3, "window": 4, "guess": 2, "pool_from_prompt": True},
+        api_name="/run",
+    )
+    assert trace["strategy"] == "lookahead"
+    assert trace["settings"]["window"] == 4 and trace["settings"]["pool_from_prompt"] is True
+
+
 def test_compare_endpoint(client):
     result = client.predict(
         "the cat sat on the mat and the cat",
@@ -71,6 +84,11 @@ def test_compare_endpoint(client):
         ({"prompt": "hi", "strategy": "telepathy"}, "unknown strategy"),
         ({"prompt": "hi", "model": "gpt-9"}, "unknown model"),
         ({"prompt": "hi", "strategy": "speculative", "draft": "tiny-other"}, "different vocabulary"),
+        ({"prompt": "hi", "strategy": "lookahead", "settings": {"window": 0}}, "window"),
+        ({"prompt": "hi", "strategy": "mtp_heads", "settings": {"tree": "0,x"}}, "tree"),
+        ({"prompt": "hi", "strategy": "mtp_heads"}, "no MTP heads"),
+        ({"prompt": "hi", "strategy": "conf_adapt", "settings": {"tau": "high"}}, "tau"),
+        ({"prompt": "hi", "model": "/etc/passwd"}, "registry"),
     ],
 )
 def test_bad_input_is_a_message_and_the_app_keeps_serving(client, kwargs, message):
