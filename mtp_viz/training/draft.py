@@ -96,7 +96,7 @@ def batches_of(seqs: list[Sequence], tokens_per_batch: int, rng: random.Random) 
 
 
 def losses(draft, batch: Batch, soft_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
-    hidden = draft.model(input_ids=batch.input_ids, attention_mask=batch.attention).last_hidden_state
+    hidden = draft.model(input_ids=batch.input_ids, attention_mask=batch.attention, use_cache=False).last_hidden_state
     logp = torch.log_softmax(draft.lm_head.reduced(hidden).float(), -1)  # (B, T, V')
     w = batch.weight * (batch.hard >= 0)
     hard = -logp.gather(-1, batch.hard.clamp(min=0)[..., None])[..., 0]  # (B, T)
@@ -113,7 +113,9 @@ def agreement(draft, batches: list[Batch]) -> dict[str, float]:
     """Top-1 agreement with the target's argmax at answer positions (teacher forcing)."""
     hits = total = 0
     for batch in batches:
-        hidden = draft.model(input_ids=batch.input_ids, attention_mask=batch.attention).last_hidden_state
+        hidden = draft.model(
+            input_ids=batch.input_ids, attention_mask=batch.attention, use_cache=False
+        ).last_hidden_state
         guess = draft.lm_head.reduced(hidden).argmax(-1)
         mask = batch.answer
         hits += int(((guess == batch.hard) & mask).sum())
