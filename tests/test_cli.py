@@ -123,6 +123,28 @@ BAD = {
         "needs a draft",
     ),
     "unwritable trace path": (["run", "--prompt", "hi", "--trace-out", "/nonexistent/dir/t.json"], "error"),
+    "unknown setting": (["run", "--prompt", "hi", "--strategy", "lookahead", "--set", "speed=11"], "no setting"),
+    "setting without a value": (["run", "--prompt", "hi", "--strategy", "lookahead", "--set", "window"], "key=value"),
+    "setting of the wrong type": (
+        ["run", "--prompt", "hi", "--strategy", "lookahead", "--set", "window=wide"],
+        "whole",
+    ),
+    "window zero": (["run", "--prompt", "hi", "--strategy", "lookahead", "--set", "window=0"], "window"),
+    "malformed tree": (["run", "--prompt", "hi", "--strategy", "mtp_heads", "--set", "tree=0,a"], "tree"),
+    "tree without its parent": (["run", "--prompt", "hi", "--strategy", "mtp_heads", "--set", "tree=00"], "parent"),
+    "no heads registered": (["run", "--prompt", "hi", "--strategy", "mtp_heads"], "no MTP heads"),
+    "unknown heads": (["run", "--prompt", "hi", "--strategy", "mtp_heads", "--heads", "nope"], "unknown heads"),
+    "tau above one": (["run", "--prompt", "hi", "--strategy", "conf_adapt", "--set", "tau=1.5"], "tau"),
+    "k too large": (["run", "--prompt", "hi", "--strategy", "conf_adapt", "--set", "k=99"], "k must"),
+    "mask tokens on a model without": (
+        ["run", "--prompt", "hi", "--strategy", "conf_adapt", "--set", "predictor=mask_tokens"],
+        "mask token",
+    ),
+    "unknown schedule": (["run", "--prompt", "hi", "--strategy", "speculative", "--set", "schedule=fast"], "schedule"),
+    "exit layer past the model": (
+        ["run", "--prompt", "hi", "--strategy", "self_speculative", "--set", "exit_layer=2"],
+        "exit_layer",
+    ),
     "greedy distribution check": (
         ["check-distribution", "--prompt", "hi", "--temperature", "0", "--out", "/tmp/x.json"],
         "temperature",
