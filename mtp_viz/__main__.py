@@ -95,7 +95,7 @@ def _add_train(sub) -> None:
     t.add_argument("--model", help="the frozen target (default: the device's default)")
     t.add_argument("--data", type=Path, help="data folder (default: <cache>/train/<model>)")
     t.add_argument("--out", type=Path, help="where the trained draft or heads go (required for draft and heads)")
-    t.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    t.add_argument("--resume", action="store_true", help="continue from the last checkpoint (kept beside the data)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--instructions", type=int, help="data: round-1 prompts")
     t.add_argument("--contexts", type=int, help="data: round-2 (summarise / context QA) prompts")
@@ -191,11 +191,11 @@ def _cmd_train(args) -> None:
     if args.what == "draft":
         cfg = DraftTrainConfig(**given(layers=args.layers, reduced_vocab=args.vocab))
         cfg = replace(cfg, loop=replace(cfg.loop, seed=args.seed, **loop))
-        report = train_draft(target, data, args.out, cfg, args.resume)
+        report = train_draft(target, data, args.out, cfg, args.resume, runs=data / "runs" / args.out.name)
     else:
         cfg = HeadsTrainConfig(**given(depth=args.depth, reduced_vocab=args.vocab))
         cfg = replace(cfg, loop=replace(cfg.loop, seed=args.seed, **loop))
-        report = train_heads(target, data, args.out, cfg, args.resume)
+        report = train_heads(target, data, args.out, cfg, args.resume, runs=data / "runs" / args.out.name)
     final = report["history"][-1] if report["history"] else report["before"]
     print(f"{args.what} trained in {report['seconds']:.0f} s and saved to {args.out}: {final}")
 

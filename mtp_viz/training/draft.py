@@ -123,8 +123,10 @@ def agreement(draft, batches: list[Batch]) -> dict[str, float]:
     return {"val_agreement": hits / max(1, total)}
 
 
-def train_draft(target: LoadedModel, data: Path, out: Path, cfg: DraftTrainConfig, resume: bool, log=print) -> dict:
-    """Train and save a draft in `out`; returns the report (also written to out/training.json)."""
+def train_draft(
+    target: LoadedModel, data: Path, out: Path, cfg: DraftTrainConfig, resume: bool, runs: Path, log=print
+) -> dict:
+    """Train and save a draft in `out` (checkpoints in `runs`); returns the report (also out/training.json)."""
     seed_everything(cfg.loop.seed)
     started = time.perf_counter()
     train_seqs = list(load_sequences(data, cfg.holdout_every, holdout=False, hidden=False))
@@ -156,7 +158,7 @@ def train_draft(target: LoadedModel, data: Path, out: Path, cfg: DraftTrainConfi
         epoch_batches,
         lambda group: losses(draft, collate(group, index, cfg.prompt_weight), cfg.soft_weight),
         validate,
-        out / "run",
+        runs,
         cfg.loop,
         resume,
         log,

@@ -81,7 +81,7 @@ def unroll(heads: MTPHeads, data: Positions, rows: torch.Tensor, depth: int):
     dtype = heads.fuse.weight.dtype
     h = data.hidden[data.record[rows]].to(dtype)
     for j in range(1, depth + 1):
-        token = data.tokens[data.token[rows] + j]  # x_{t+j}
+        token = data.tokens[(data.token[rows] + j).clamp(max=len(data.tokens) - 1)]  # x_{t+j} (masked past the end)
         h = heads.step(h, token)
         rec = data.record[rows] + j
         mask = data.reach[rows] >= j
@@ -126,7 +126,10 @@ def agreement(heads: MTPHeads, data: Positions, depth: int, batch: int = 4096) -
     return result
 
 
-def train_heads(target: LoadedModel, data: Path, out: Path, cfg: HeadsTrainConfig, resume: bool, log=print) -> dict:
+def train_heads(
+    target: LoadedModel, data: Path, out: Path, cfg: HeadsTrainConfig, resume: bool, runs: Path, log=print
+) -> dict:
+    """Train and save heads in `out` (checkpoints in `runs`); returns the report (also out/training.json)."""
     seed_everything(cfg.loop.seed)
     started = time.perf_counter()
     train_seqs = list(load_sequences(data, cfg.holdout_every, holdout=False))
@@ -169,7 +172,7 @@ def train_heads(target: LoadedModel, data: Path, out: Path, cfg: HeadsTrainConfi
         epoch_batches,
         lambda rows: losses(heads, train_data, rows, cfg),
         validate,
-        out / "run",
+        runs,
         cfg.loop,
         resume,
         log,
