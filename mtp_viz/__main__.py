@@ -97,6 +97,7 @@ def _add_train(sub) -> None:
     t.add_argument("--out", type=Path, help="where the trained draft or heads go (required for draft and heads)")
     t.add_argument("--resume", action="store_true", help="continue from the last checkpoint (kept beside the data)")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--start-from", type=Path, help="draft/heads: continue training these saved weights")
     t.add_argument("--instructions", type=int, help="data: round-1 prompts")
     t.add_argument("--contexts", type=int, help="data: round-2 (summarise / context QA) prompts")
     t.add_argument("--max-new-tokens", type=int, help="data: tokens generated per prompt")
@@ -191,11 +192,15 @@ def _cmd_train(args) -> None:
     if args.what == "draft":
         cfg = DraftTrainConfig(**given(layers=args.layers, reduced_vocab=args.vocab))
         cfg = replace(cfg, loop=replace(cfg.loop, seed=args.seed, **loop))
-        report = train_draft(target, data, args.out, cfg, args.resume, runs=data / "runs" / args.out.name)
+        report = train_draft(
+            target, data, args.out, cfg, args.resume, runs=data / "runs" / args.out.name, start_from=args.start_from
+        )
     else:
         cfg = HeadsTrainConfig(**given(depth=args.depth, reduced_vocab=args.vocab))
         cfg = replace(cfg, loop=replace(cfg.loop, seed=args.seed, **loop))
-        report = train_heads(target, data, args.out, cfg, args.resume, runs=data / "runs" / args.out.name)
+        report = train_heads(
+            target, data, args.out, cfg, args.resume, runs=data / "runs" / args.out.name, start_from=args.start_from
+        )
     final = report["history"][-1] if report["history"] else report["before"]
     print(f"{args.what} trained in {report['seconds']:.0f} s and saved to {args.out}: {final}")
 

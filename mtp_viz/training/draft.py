@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from mtp_viz.drafters.draft import DraftSpec, build_draft, save_draft, trained_parameters
+from mtp_viz.drafters.draft import DraftSpec, build_draft, load_draft, read_spec, save_draft, trained_parameters
 from mtp_viz.drafters.vocab import frequent_tokens
 from mtp_viz.models import LoadedModel
 from mtp_viz.training.data import Sequence, load_sequences
@@ -124,7 +124,14 @@ def agreement(draft, batches: list[Batch]) -> dict[str, float]:
 
 
 def train_draft(
-    target: LoadedModel, data: Path, out: Path, cfg: DraftTrainConfig, resume: bool, runs: Path, log=print
+    target: LoadedModel,
+    data: Path,
+    out: Path,
+    cfg: DraftTrainConfig,
+    resume: bool,
+    runs: Path,
+    log=print,
+    start_from: Path | None = None,
 ) -> dict:
     """Train and save a draft in `out` (checkpoints in `runs`); returns the report (also out/training.json)."""
     seed_everything(cfg.loop.seed)
@@ -134,8 +141,13 @@ def train_draft(
     eos = sorted(target.eos_token_ids)
     vocab = frequent_tokens((torch.cat([s.tokens, s.argmax]) for s in train_seqs), cfg.reduced_vocab, always=eos)
     model = target.model
-    init = spread_layers(model.config.num_hidden_layers, cfg.layers)
-    draft = build_draft(model, init, vocab).train()
+    if start_from is not None:  # continue training a saved draft (its layers and vocabulary)
+        draft = load_draft(model, start_from).train()
+        init = read_spec(start_from).init_layers
+    else:
+        init = spread_layers(model.config.num_hidden_layers, cfg.layers)
+        draft = build_draft(model, init, vocab).train()
+    vocab = draft.lm_head.ids.cpu()
     index = draft.lm_head.index.cpu()
     params = trained_parameters(draft)
     for p in params.values():
@@ -177,6 +189,7 @@ def train_draft(
         "train_sequences": len(train_seqs),
         "train_tokens": sum(len(s.tokens) for s in train_seqs),
         "val_sequences": len(val_seqs),
+        "started_from": str(start_from) if start_from else None,
         "before": initial,
         "history": history,
         "seconds": time.perf_counter() - started,

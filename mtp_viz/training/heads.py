@@ -11,12 +11,12 @@ depths weighted less.
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from mtp_viz.drafters.heads import HeadsSpec, MTPHeads, build_heads, save_heads, trained_parameters
+from mtp_viz.drafters.heads import HeadsSpec, MTPHeads, build_heads, load_heads, save_heads, trained_parameters
 from mtp_viz.drafters.vocab import frequent_tokens
 from mtp_viz.models import LoadedModel
 from mtp_viz.training.data import Sequence, load_sequences
@@ -127,7 +127,14 @@ def agreement(heads: MTPHeads, data: Positions, depth: int, batch: int = 4096) -
 
 
 def train_heads(
-    target: LoadedModel, data: Path, out: Path, cfg: HeadsTrainConfig, resume: bool, runs: Path, log=print
+    target: LoadedModel,
+    data: Path,
+    out: Path,
+    cfg: HeadsTrainConfig,
+    resume: bool,
+    runs: Path,
+    log=print,
+    start_from: Path | None = None,
 ) -> dict:
     """Train and save heads in `out` (checkpoints in `runs`); returns the report (also out/training.json)."""
     seed_everything(cfg.loop.seed)
@@ -146,7 +153,12 @@ def train_heads(
         trained_depth=cfg.depth,
         eps=float(getattr(model.config, "rms_norm_eps", 1e-5)),
     )
-    heads = build_heads(model, spec, vocab).train()
+    if start_from is not None:  # continue training saved heads (their vocabulary and spec)
+        heads = load_heads(model, start_from).train()
+        spec, vocab = replace(heads.spec, trained_depth=cfg.depth), heads.head.ids.cpu()
+        heads.spec = spec
+    else:
+        heads = build_heads(model, spec, vocab).train()
     index = heads.head.index.cpu()
     train_data = positions(train_seqs, index, cfg.depth)
     val_data = positions(val_seqs, index, cfg.depth)
@@ -183,6 +195,7 @@ def train_heads(
         "config": asdict(cfg),
         "train_positions": n,
         "val_positions": len(val_data.record),
+        "started_from": str(start_from) if start_from else None,
         "before": initial,
         "history": history,
         "seconds": time.perf_counter() - started,
