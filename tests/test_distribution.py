@@ -15,7 +15,9 @@ from mtp_viz.strategies.base import GenerationSettings
 V = 8
 N_TOKENS = 2
 SAMPLES = 3000
-PROMPT = [1, 2, 3, 1, 2]  # repeats, so prompt lookup drafts
+# Repeats, so prompt lookup and lookahead draft. Chosen by a search over [a, b, c, a, b] so that
+# every strategy below both accepts and rejects under both warps (asserted in the test).
+PROMPT = [3, 1, 5, 3, 1]
 
 
 def exact_joint(model, generation, n_tokens: int = N_TOKENS) -> dict[tuple[int, ...], float]:

@@ -1,6 +1,11 @@
 """The trained draft and MTP heads shipped for the embedded model: they load through the registry,
-have the right shapes, and on a fixed prompt agree with the target far more often than untrained
-drafters of the same architecture (thresholds well below the measured values, docs/training.md)."""
+have the right shapes, and on a fixed held-out prompt agree with the target clearly more often than
+untrained drafters of the same architecture.
+
+The prompt comes from the training prompts' generator but was not among the training prompts
+(checked below). Measured on it (48 greedy tokens): draft acceptance 0.19 with 4 drafts (untrained
+0.0); heads chain of 3: 2.0 tokens per target forward (untrained 1.0). The thresholds sit well
+below those values; docs/training.md has the held-out Spec-Bench figures."""
 
 from pathlib import Path
 
@@ -14,10 +19,12 @@ from mtp_viz.models import load_heads_for, load_model
 from mtp_viz.registry import load_registry
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
+from mtp_viz.training.data import DataConfig
+from mtp_viz.training.prompts import instruction_prompts
 
 pytestmark = pytest.mark.slow
 MODEL, DRAFT, HEADS = "smollm2-135m", "smollm2-135m-draft", "smollm2-135m-mtp"
-PROMPT = "Explain in a few sentences why the sky is blue."
+PROMPT = "A shop sells 15 apples every day. How many apples does it sell in 15 days?"
 TOKENS = 48
 
 
@@ -37,6 +44,10 @@ def acceptance(target, prompt_ids, strategy, **kw):
     return sum(s.accepted for s in steps) / drafted, sum(len(s.emitted) for s in steps) / len(steps)
 
 
+def test_the_prompt_was_held_out_of_training():
+    assert PROMPT in instruction_prompts(1210) and PROMPT not in instruction_prompts(DataConfig().instructions)
+
+
 def test_registry_names_the_trained_drafters():
     entry = load_registry().models[MODEL]
     assert entry.drafts[0] == DRAFT and entry.heads[0] == HEADS
@@ -54,7 +65,7 @@ def test_shipped_draft_loads_and_beats_an_untrained_one(target, prompt_ids):
     trained, _ = acceptance(target, prompt_ids, "speculative", draft=draft.model, num_draft_tokens=4)
     untrained_model = build_draft(target.model, spec.init_layers, draft.model.lm_head.ids)
     untrained, _ = acceptance(target, prompt_ids, "speculative", draft=untrained_model, num_draft_tokens=4)
-    assert trained > 0.3 and trained > untrained + 0.2, (trained, untrained)
+    assert trained > 0.1 and trained > untrained + 0.08, (trained, untrained)
 
 
 def test_shipped_heads_load_and_beat_untrained_ones(target, prompt_ids):
