@@ -5,7 +5,7 @@ while timing it, attaches token texts, and assembles the Trace. It holds no deco
 """
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -29,6 +29,12 @@ from mtp_viz.trace import STOP_CANCELLED, STOP_EOS, STOP_MAX_NEW_TOKENS, Step, T
 MAX_PROMPT_CHARS = 32_000
 RECORD_FULL = "full"
 RECORD_MINIMAL = "minimal"  # no token texts, no probabilities: to measure what tracing costs
+
+
+def valid_unicode(text: str) -> str:
+    """`text` with unpaired surrogates (which JSON and argv can carry, and tokenizers refuse)
+    replaced by U+FFFD; pairs written as two code points become the one character they encode."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,8 @@ class Run:
     """One decoding run. Iterate `steps()` to stream; afterwards `trace` holds the result."""
 
     def __init__(self, request: RunRequest):
+        if request.prompt is not None:
+            request = replace(request, prompt=valid_unicode(request.prompt))
         self.request = request
         self.spec = get_strategy(request.strategy)
         self.settings = build_strategy_settings(request.strategy, request.strategy_settings)

@@ -1,9 +1,16 @@
 """The Gradio app against a launched server (tiny models via a registry override): the named `run` and
 `compare` endpoints through gradio_client, bad input as messages, the app still serving after."""
 
+import inspect
+import json
+import threading
+
 import pytest
+from bad_inputs import CASES
+from bad_inputs import request as corpus_request
 
 from mtp_viz.trace import SCHEMA_VERSION
+from mtp_viz.ui.app import api_run
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +104,83 @@ def test_bad_input_is_a_message_and_the_app_keeps_serving(client, kwargs, messag
         client.predict(**kwargs, api_name="/run")
     trace = client.predict("a bird", model="tiny", max_new_tokens=3, api_name="/run")
     assert len(trace["output_token_ids"]) <= 3
+
+
+def raw_call(url: str, api_name: str, kwargs: dict) -> tuple[str, object]:
+    """Call a named endpoint over plain HTTP, as any client may: the JSON may carry NaN and lone
+    surrogates (escaped), which gradio_client refuses to send. Returns the final event and data."""
+    import httpx
+
+    names = list(inspect.signature(api_run).parameters)
+    defaults = {n: p.default for n, p in inspect.signature(api_run).parameters.items()}
+    data = [kwargs.get(n, defaults[n]) for n in names]
+    body = json.dumps({"data": data}, ensure_ascii=True, allow_nan=True)
+    base = f"{url.rstrip('/')}/gradio_api/call/{api_name}"
+    with httpx.Client(timeout=60) as http:
+        event_id = http.post(base, content=body, headers={"content-type": "application/json"}).json()["event_id"]
+        text = http.get(f"{base}/{event_id}").text
+    events = [line.removeprefix("event: ") for line in text.splitlines() if line.startswith("event: ")]
+    payloads = [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
+    return events[-1], json.loads(payloads[-1]) if payloads[-1] not in ("", "null") else None
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_shared_bad_input_corpus_through_the_api(served_app, client, name):
+    """The corpus test_cli.py runs through the CLI: a message (never a traceback), or a trace for
+    odd but valid prompts; the app serves a normal request after each."""
+    case = CASES[name]
+    event, data = raw_call(served_app, "run", corpus_request(case))
+    if case.expect is None:
+        assert event == "complete", data
+        assert data[0]["prompt_token_ids"] and data[0]["schema_version"] == SCHEMA_VERSION
+    else:
+        assert event == "error" and case.expect in str(data), (event, data)
+        assert "Traceback" not in str(data)
+    trace = client.predict("a bird", model="tiny", max_new_tokens=3, api_name="/run")
+    assert len(trace["output_token_ids"]) <= 3
+
+
+def test_sixteen_concurrent_api_users_get_what_they_would_get_alone(served_app, client):
+    """16 gradio_client users, 3 requests each, mixed strategies: no errors, and every greedy
+    result token-identical to the same request made alone (no KV-cache cross-talk)."""
+    from gradio_client import Client
+
+    prompts = ["the cat sat", "a bird sang a song", "the dog ran to the park", "def add ( a , b )"]
+    strategies = [
+        ("autoregressive", {}),
+        ("speculative", {"draft": "tiny-draft"}),
+        ("prompt_lookup", {}),
+        ("lookahead", {"settings": {"level": 3, "window": 3, "guess": 3}}),
+    ]
+    jobs = [
+        [
+            {"prompt": prompts[(user + i) % 4], "strategy": strategies[(user // 4 + i) % 4][0], "max_new_tokens": 12}
+            | strategies[(user // 4 + i) % 4][1]
+            for i in range(3)
+        ]
+        for user in range(16)
+    ]
+    key = lambda job: json.dumps(job, sort_keys=True)  # noqa: E731
+    unique = {key(job): job for u in jobs for job in u}
+    alone = {k: client.predict(**job, model="tiny", api_name="/run")["output_token_ids"] for k, job in unique.items()}
+    errors, results = [], {}
+
+    def user(jobs_of_user):
+        try:
+            own = Client(served_app, verbose=False)
+            for job in jobs_of_user:
+                results.setdefault(key(job), []).append(
+                    own.predict(**job, model="tiny", api_name="/run")["output_token_ids"]
+                )
+        except Exception as e:  # noqa: BLE001 - collected and reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=user, args=(u,)) for u in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert sum(len(v) for v in results.values()) == 48
+    for k, outputs in results.items():
+        assert all(out == alone[k] for out in outputs), k

@@ -5,6 +5,8 @@ import subprocess
 import sys
 
 import pytest
+from bad_inputs import CASES
+from bad_inputs import argv as corpus_argv
 
 from mtp_viz.__main__ import main
 from mtp_viz.trace import Trace
@@ -195,3 +197,18 @@ def test_profile_writes_a_verify_cost_curve(use_tiny_registry, tmp_path, capsys)
     assert list(result["verify_cost"]) == ["1", "2", "3", "4"] and result["verify_cost"]["1"] == 1.0
     assert all(v > 0 for v in result["verify_cost"].values()) and result["c"] > 0
     assert "verify cost" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_shared_bad_input_corpus_through_the_cli(name, use_tiny_registry, tmp_path, capsys):
+    """The corpus test_app.py sends through the API: a one-line message, or (odd but valid) a run."""
+    case = CASES[name]
+    code = main([*corpus_argv(case), "--trace-out", str(tmp_path / "t.json")])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    if case.expect is None:
+        assert code == 0, captured.err
+        assert Trace.from_json((tmp_path / "t.json").read_text()).prompt_token_ids
+    else:
+        assert code != 0 and case.expect in captured.err, captured.err
+        assert len(captured.err.strip().splitlines()) == 1, captured.err

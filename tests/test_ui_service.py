@@ -1,6 +1,7 @@
 """What the UI callbacks rely on, without a browser: requests from UI values, streaming with a
 per-model lock, cancellation, concurrent runs, uploads, comparison verdicts and their diagnosis."""
 
+import gc
 import threading
 from types import SimpleNamespace
 
@@ -170,3 +171,31 @@ def test_the_app_loads_registered_models_only(use_tiny_registry, tmp_path, monke
     assert service.build_request("hi", "someone/some-model", "autoregressive").model == "someone/some-model"
     with pytest.raises(UserError, match="registry"):  # still never a local path
         service.build_request("hi", str(model_dir), "autoregressive")
+
+
+def _live(cls) -> int:
+    gc.collect()
+    return sum(isinstance(o, cls) for o in gc.get_objects())
+
+
+def test_finished_and_stopped_runs_free_their_caches(use_tiny_registry, monkeypatch):
+    """No KV cache outlives its run: after runs to the end, a cancelled run and a stream closed
+    by Stop, no cache object is alive (a leak would grow memory with every run)."""
+    from transformers.cache_utils import Cache
+
+    from mtp_viz.cache import CachedModel
+
+    before = (_live(CachedModel), _live(Cache))
+    for strategy in ("autoregressive", "speculative", "prompt_lookup", "lookahead", "self_speculative"):
+        settings = {"exit_layer": 1} if strategy == "self_speculative" else {}
+        service.run_to_end(service.build_request("the cat sat", "tiny", strategy, max_new_tokens=12, settings=settings))
+    run = Run(service.build_request("the cat", "tiny", "speculative", max_new_tokens=50))
+    for step in run.steps():
+        if step.index == 2:
+            run.cancel()
+    monkeypatch.setattr(service, "STREAM_INTERVAL_S", 0.01)
+    gen = service.stream(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=400))
+    next(gen)
+    gen.close()
+    del run, gen
+    assert (_live(CachedModel), _live(Cache)) == before

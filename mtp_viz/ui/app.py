@@ -43,6 +43,8 @@ def api_run(
 ) -> dict:
     """Decode one prompt with one strategy; returns the trace as JSON (docs/trace-format.md).
     `settings`: any of the strategy's settings by name (README), e.g. {"tree": "chain", "tau": 0.8}."""
+    named = {"num_draft_tokens": num_draft_tokens, "max_ngram_size": max_ngram_size, "min_ngram_size": min_ngram_size}
+    named = {k: v for k, v in named.items() if v is not None}  # given on purpose: the strategy must have them
     try:
         request = service.build_request(
             prompt,
@@ -55,10 +57,7 @@ def api_run(
             top_p,
             seed,
             raw,
-            settings,
-            num_draft_tokens=num_draft_tokens,
-            max_ngram_size=max_ngram_size,
-            min_ngram_size=min_ngram_size,
+            {**named, **service.parse_settings(settings)},
         )
         return service.run_to_end(request).to_dict()
     except UserError as e:

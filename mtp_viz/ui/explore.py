@@ -138,7 +138,7 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                     top_p,
                     seed,
                     raw,
-                    settings=dict(zip(names, values, strict=True)),
+                    **dict(zip(names, values, strict=True)),  # every strategy's controls; its own are kept
                 )
                 for steps, trace in service.stream(request):
                     if trace is None:

@@ -128,6 +128,18 @@ def _as_float(name: str, value) -> float:
     return value
 
 
+def parse_settings(settings: dict | str | None) -> dict:
+    """Strategy settings as given to the API: a dict, its JSON text, or nothing."""
+    if isinstance(settings, str):
+        try:
+            settings = json.loads(settings) if settings.strip() else {}
+        except json.JSONDecodeError:
+            raise InvalidSettingsError("settings must be a JSON object of strategy settings") from None
+    if not isinstance(settings or {}, dict):
+        raise InvalidSettingsError("settings must be a JSON object of strategy settings")
+    return dict(settings or {})
+
+
 def build_request(
     prompt: str,
     model: str | None,
@@ -147,15 +159,11 @@ def build_request(
     Strategy settings come as a dict and/or keywords, for every strategy at once (one control per
     setting name); only the ones the chosen strategy has are passed on, converted to its types."""
     spec = get_strategy(strategy)
-    if isinstance(settings, str):
-        try:
-            settings = json.loads(settings) if settings.strip() else {}
-        except json.JSONDecodeError:
-            raise InvalidSettingsError("settings must be a JSON object of strategy settings") from None
-    if not isinstance(settings or {}, dict):
-        raise InvalidSettingsError("settings must be a JSON object of strategy settings")
-    offered = {**(settings or {}), **setting_values}
-    strategy_settings = {k: coerce(strategy, k, v) for k, v in settings_of(strategy, offered).items()}
+    settings = parse_settings(settings)
+    # the settings dict names settings on purpose: each must be the strategy's (coerce says so);
+    # keyword values come from controls shared by every strategy, so only its own are kept
+    chosen = {**settings_of(strategy, setting_values), **{k: v for k, v in settings.items() if v is not None}}
+    strategy_settings = {k: coerce(strategy, k, v) for k, v in chosen.items()}
     generation = GenerationSettings(
         max_new_tokens=_as_int("max_new_tokens", max_new_tokens),
         temperature=_as_float("temperature", temperature),
