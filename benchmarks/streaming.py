@@ -8,13 +8,9 @@ the decoding tokens/s recorded in each trace.
 """
 
 import argparse
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-from gradio_client import Client
+from served import cpu_seconds, served_app
 
 from mtp_viz.models import quiet_transformers
 from mtp_viz.prompts import CODE_EDIT_PROMPT
@@ -23,27 +19,6 @@ from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import Trace
 from mtp_viz.ui.service import STREAM_INTERVAL_S
 from mtp_viz.viz.tokens import tokens_html
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _cpu_seconds(pid: int) -> float:
-    """CPU time (user + system, all threads) a process has used: work done, whatever the noise."""
-    import psutil
-
-    t = psutil.Process(pid).cpu_times()
-    return t.user + t.system
-
-
-def _connect(url: str, timeout_s: float = 120.0) -> Client:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return Client(url, verbose=False)
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1.0)
 
 
 def main() -> None:
@@ -54,21 +29,26 @@ def main() -> None:
     args = parser.parse_args()
     quiet_transformers()
     # The app runs in its own process, as it does for a user; this process is the browser's stand-in.
-    port = "7861"
-    server = subprocess.Popen(
-        [sys.executable, str(ROOT / "app.py")],
-        cwd=ROOT,
-        env={**os.environ, "GRADIO_SERVER_PORT": port},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = _connect(f"http://127.0.0.1:{port}/")
+    with served_app() as (server, _, client):
+        trace, cli, ui, cli_tps, ui_tps, updates, cli_cpu, ui_cpu = _measure(args, server, client)
+    start = time.perf_counter()
+    for _ in range(20):
+        tokens_html(trace.steps)
+    render = (time.perf_counter() - start) / 20
+    _report(args, trace, cli, ui, cli_tps, ui_tps, updates, cli_cpu, ui_cpu, render)
+
+
+def _measure(args, server, client):
     request = RunRequest(
         prompt=CODE_EDIT_PROMPT,
         strategy=args.strategy,
         generation=GenerationSettings(max_new_tokens=args.max_new_tokens),
     )
-    ui_args = [CODE_EDIT_PROMPT, "smollm2-135m", args.strategy, "", 5, 3, 2, args.max_new_tokens, 0.0, 0, 1.0, 0, False]
+    # the Explore inputs: prompt, model, strategy, draft, max new, temperature, top-k, top-p, seed,
+    # raw, then every strategy setting's control (left at its default)
+    params = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/explore_stream"]
+    ui_args = [p.get("parameter_default") for p in params["parameters"]]
+    ui_args[:10] = [CODE_EDIT_PROMPT, "smollm2-135m", args.strategy, "", args.max_new_tokens, 0.0, 0, 1.0, 0, False]
     run(request)  # warm-up: loads and converts the model once
     cli, ui, cli_tps, ui_tps, updates, cli_cpu, ui_cpu = [], [], [], [], [], [], []
     for _ in range(args.repeats):
@@ -77,21 +57,19 @@ def main() -> None:
         cli.append(time.perf_counter() - start)
         cli_cpu.append(time.process_time() - cpu)
         cli_tps.append(trace.summary["tokens_per_s"])
-        start, cpu = time.perf_counter(), _cpu_seconds(server.pid)
+        start, cpu = time.perf_counter(), cpu_seconds(server.pid)
         job = client.submit(*ui_args, api_name="/explore_stream")
         n = sum(1 for _ in job)
         ui.append(time.perf_counter() - start)
-        ui_cpu.append(_cpu_seconds(server.pid) - cpu)
+        ui_cpu.append(cpu_seconds(server.pid) - cpu)
         updates.append(n)
         final = job.outputs()[-1]
         path = next(x for x in final if isinstance(x, str) and x.endswith(".json"))  # the trace download
         ui_tps.append(Trace.load(path).summary["tokens_per_s"])
-    server.terminate()
-    server.wait(timeout=30)
-    start = time.perf_counter()
-    for _ in range(20):
-        tokens_html(trace.steps)
-    render = (time.perf_counter() - start) / 20
+    return trace, cli, ui, cli_tps, ui_tps, updates, cli_cpu, ui_cpu
+
+
+def _report(args, trace, cli, ui, cli_tps, ui_tps, updates, cli_cpu, ui_cpu, render):
     best_cli, best_ui = min(cli), min(ui)
     print(f"{args.strategy}, {args.max_new_tokens} new tokens, best of {args.repeats} interleaved runs")
     print(

@@ -170,6 +170,26 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
+MARKUP = ["<img src=x onerror=alert(1)>", "<script>alert(2)</script>", "<b>bold</b>"]
+
+
+def save_markup_dir(path: Path) -> Path:
+    """A tiny model whose vocabulary has markup tokens and whose head scores only those (random
+    logits, 0 elsewhere), so most tokens it writes are markup: the UI must show them as text."""
+    tok = make_tokenizer()
+    tok.add_tokens(MARKUP)
+    model = tiny_model("llama-2l", seed=3, vocab_size=len(tok))
+    ids = tok.convert_tokens_to_ids(MARKUP)
+    with torch.no_grad():
+        keep = model.lm_head.weight[ids].clone()
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[ids] = keep * 50
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
 def save_tiny_dir(
     path: Path, model_name: str = "llama-2l", seed: int = 0, noise: float | None = None, tokenizer=None
 ) -> Path:
@@ -192,6 +212,7 @@ def tiny_registry(tmp_path_factory):
     other = make_tokenizer()
     other.add_tokens(["extra"])
     save_tiny_dir(root / "other-vocab", tokenizer=other)
+    save_markup_dir(root / "markup")
     registry = {
         "defaults": {"cpu": "tiny", "cuda": "tiny"},
         "models": [
@@ -204,6 +225,7 @@ def tiny_registry(tmp_path_factory):
             },
             {"id": "tiny-draft", "label": "Tiny draft", "sources": [{"kind": "local", "path": "draft"}]},
             {"id": "tiny-other", "label": "Other vocab", "sources": [{"kind": "local", "path": "other-vocab"}]},
+            {"id": "tiny-markup", "label": "Markup tokens", "sources": [{"kind": "local", "path": "markup"}]},
         ],
     }
     path = root / "models.yaml"

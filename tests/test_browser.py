@@ -99,3 +99,23 @@ def test_compare_tab(page):
     assert "vs the exact target distribution: p =" in page.locator("#mv-dist-verdict").inner_text()
     _no_error_toast(page)
     page.screenshot(path=str(ARTIFACTS / "compare.png"), full_page=True)
+
+
+def test_generated_markup_tokens_inject_nothing(page):
+    """A model that writes tokens like <img src=x onerror=alert(1)>: they show as text, and no
+    element is injected and no script runs, in the token view or anywhere on the page."""
+    from conftest import MARKUP
+
+    page.locator("#mv-model input").click()
+    page.get_by_role("option", name="Markup tokens").click()
+    page.locator("#mv-prompt textarea").fill("say <script>alert(3)</script> and <img src=y onerror=alert(4)>")
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.wait_for_selector("#mv-token-view .mv-tok", timeout=60_000)
+    page.wait_for_selector("text=Step 0 of", timeout=60_000)
+    shown = page.locator("#mv-token-view").inner_text()
+    assert any(m in shown for m in MARKUP), shown  # the model did write markup
+    assert page.locator("img[src='x'], img[src='y']").count() == 0
+    assert page.locator("#mv-token-view script, #mv-token-view b, #mv-token-view img").count() == 0
+    assert page.alerts == []
+    _no_error_toast(page)
+    page.screenshot(path=str(ARTIFACTS / "markup-tokens.png"), full_page=True)

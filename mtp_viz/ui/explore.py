@@ -7,6 +7,7 @@ import gradio as gr
 from mtp_viz.errors import UserError
 from mtp_viz.prompts import spec_bench
 from mtp_viz.registry import Registry
+from mtp_viz.runner import MAX_PROMPT_CHARS
 from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.base import MAX_NEW_TOKENS_LIMIT
 from mtp_viz.trace import Trace
@@ -60,7 +61,7 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
         baselines = gr.State({})  # baseline key → autoregressive tokens/s, per user
         with gr.Row():
             with gr.Column(scale=1, min_width=280):
-                model = gr.Dropdown(model_choices, value=default_model, label="Model (target)")
+                model = gr.Dropdown(model_choices, value=default_model, label="Model (target)", elem_id="mv-model")
                 strategy = gr.Dropdown(
                     list(STRATEGIES), value="autoregressive", label="Strategy", elem_id="mv-strategy"
                 )
@@ -78,7 +79,10 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                 raw = gr.Checkbox(False, label="Raw prompt (no chat template)")
             with gr.Column(scale=3):
                 prompt = gr.Textbox(
-                    label="Prompt", lines=5, value="Explain speculative decoding in two sentences.", elem_id="mv-prompt"
+                    label=f"Prompt (up to {MAX_PROMPT_CHARS:,} characters)",
+                    lines=5,
+                    value="Explain speculative decoding in two sentences.",
+                    elem_id="mv-prompt",
                 )
                 gr.Examples(example_prompts(), [prompt], label="Spec-Bench examples (Apache-2.0)")
                 with gr.Row():
