@@ -80,6 +80,12 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--repeats", type=int, default=5)
     prof.add_argument("--device", default="auto")
     prof.add_argument("--dtype", default="auto")
+    prof.add_argument(
+        "--exit-prompts",
+        type=int,
+        default=3,
+        help="Spec-Bench prompts whose greedy answers measure early-exit agreement per layer (0: skip)",
+    )
     prof.add_argument("--out", type=Path, required=True)
     _add_train(sub)
     return parser
@@ -144,8 +150,10 @@ def _cmd_bench(args) -> None:
 
 
 def _cmd_profile(args) -> None:
+    from dataclasses import replace
+
     from mtp_viz.models import load_model, resolve_device
-    from mtp_viz.profile import profile
+    from mtp_viz.profile import exit_agreement, profile
     from mtp_viz.registry import load_registry
 
     if not 1 <= args.max_k <= 256 or not 1 <= args.repeats <= 100:
@@ -153,14 +161,41 @@ def _cmd_profile(args) -> None:
     name = args.model or load_registry().default_for(resolve_device(args.device).type)
     target = load_model(name, args.device, args.dtype)
     draft = load_model(args.draft, args.device, args.dtype) if args.draft else None
+    if not 0 <= args.exit_prompts <= 50:
+        raise UserError("--exit-prompts must be 0..50")
     result = profile(target, draft, max_k=args.max_k, repeats=args.repeats)
+    if args.exit_prompts:
+        answers = _answers(target, args.exit_prompts, args.device, args.dtype)
+        result = replace(result, exit_agreement=exit_agreement(target.model, answers))
     args.out.write_text(json.dumps(result.as_dict(), indent=1))
     curve = ", ".join(f"{k}: {v:.2f}" for k, v in result.verify_cost.items() if k in (1, 2, 4, 8, 16, 32))
     print(f"{result.model} on {result.device} ({result.dtype}): one-token forward {result.one_token_s * 1e3:.1f} ms")
     print(f"verify cost relative to one token (k: x): {curve}")
     if result.c is not None:
         print(f"draft {result.draft_model}: c = {result.c:.3f}")
+    if result.exit_agreement:
+        shown = ", ".join(f"{k}: {v:.2f}" for k, v in result.exit_agreement.items())
+        print(f"early exit after layer L agrees with the model's next token (L: share): {shown}")
     print(f"written to {args.out}")
+
+
+def _answers(target, n: int, device: str, dtype: str) -> list[tuple[list[int], int]]:
+    """Greedy answers (48 tokens) of the target to the first prompt of n Spec-Bench categories."""
+    from mtp_viz.prompts import spec_bench
+    from mtp_viz.runner import RunRequest, run
+    from mtp_viz.strategies.base import GenerationSettings
+
+    firsts = {}
+    for q in spec_bench():
+        firsts.setdefault(q["category"], q["turns"][0])
+    out = []
+    for text in list(firsts.values())[:n]:
+        request = RunRequest(
+            prompt=text, model=target.name, device=device, dtype=dtype, generation=GenerationSettings(max_new_tokens=48)
+        )
+        t = run(request)
+        out.append((t.prompt_token_ids + t.output_token_ids, len(t.prompt_token_ids)))
+    return out
 
 
 def _cmd_train(args) -> None:

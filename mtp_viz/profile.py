@@ -1,5 +1,7 @@
 """Measure, on the current device, what one target forward over k tokens costs relative to one
-token (the verify-cost curve), and the draft/target cost ratio c."""
+token (the verify-cost curve), the draft/target cost ratio c, and how often an early exit after
+each layer agrees with the model's own next-token choice (why self-speculation accepts what it
+does)."""
 
 import statistics
 from dataclasses import asdict, dataclass
@@ -23,6 +25,7 @@ class Profile:
     one_token_s: float  # median time of a one-token target forward
     verify_cost: dict[int, float]  # k → time of a k-token forward / one_token_s
     c: float | None  # draft one-token forward / target one-token forward
+    exit_agreement: dict[int, float] | None = None  # layer L → P(exit after L layers' top-1 = model's top-1)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -78,3 +81,24 @@ def profile(
         {k: t / median[1] for k, t in median.items()},
         c,
     )
+
+
+@torch.inference_mode()
+def exit_agreement(model, sequences: list[tuple[list[int], int]]) -> dict[int, float]:
+    """For each layer L: the share of answer positions where the early exit after L layers (the
+    final norm and head applied to layer L's hidden state, as `self_speculative` drafts) picks
+    the same next token as the full model. sequences: (token ids, prompt length) pairs."""
+    agree: dict[int, int] = {}
+    total = 0
+    norm, head = model.model.norm, model.get_output_embeddings()
+    for ids, prompt_len in sequences:
+        out = model(torch.tensor([ids], device=model.device), output_hidden_states=True)
+        answer = slice(prompt_len - 1, len(ids) - 1)  # positions that predicted an answer token
+        final = out.logits[0, answer].argmax(-1)
+        layers = out.hidden_states[1:]  # after layer 1 .. N (the last already normalised)
+        for layer, hidden in enumerate(layers, start=1):
+            h = hidden[0, answer]
+            guess = head(h if layer == len(layers) else norm(h)).argmax(-1)
+            agree[layer] = agree.get(layer, 0) + int((guess == final).sum())
+        total += len(final)
+    return {layer: n / max(1, total) for layer, n in agree.items()}

@@ -196,7 +196,9 @@ def test_profile_writes_a_verify_cost_curve(use_tiny_registry, tmp_path, capsys)
     result = json.loads(out.read_text())
     assert list(result["verify_cost"]) == ["1", "2", "3", "4"] and result["verify_cost"]["1"] == 1.0
     assert all(v > 0 for v in result["verify_cost"].values()) and result["c"] > 0
-    assert "verify cost" in capsys.readouterr().out
+    assert list(result["exit_agreement"]) == ["1", "2"] and result["exit_agreement"]["2"] == 1.0
+    printed = capsys.readouterr().out
+    assert "verify cost" in printed and "early exit after layer L" in printed
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -1,15 +1,21 @@
 """The Theory and Benchmark tabs' pure parts: measured points from traces, profile and summary
 uploads (bad files refused with a message), and the figures they draw."""
 
+import json
+
 import pandas as pd
 import pytest
+import torch
+from conftest import tiny_model
 
 from mtp_viz.errors import UserError
+from mtp_viz.models import early_exit_view
+from mtp_viz.profile import exit_agreement
 from mtp_viz.theory import measured_point
 from mtp_viz.trace import Trace
 from mtp_viz.ui.bench_tab import read_summary, views
 from mtp_viz.ui.explore import example_traces
-from mtp_viz.ui.theory_tab import numbers_html, points_from, read_profile, shipped_profiles
+from mtp_viz.ui.theory_tab import numbers_html, points_from, read_exit_agreement, read_profile, shipped_profiles
 from mtp_viz.viz import figures
 
 
@@ -63,3 +69,35 @@ def test_bench_views_from_a_summary(tmp_path):
     summary.to_csv(path, index=False)
     table, speed, accepted, pareto = views(read_summary(path))
     assert len(table) == 4 and len(speed.data) == 2 and len(pareto.data[0].x) == 2
+
+
+def test_exit_agreement_matches_the_early_exit_drafts():
+    """Layer L's figure is exactly how often the registry's early exit of L layers (what
+    self_speculative drafts with) picks the full model's next token; the last layer agrees always."""
+    model = tiny_model("llama-3l-mha", seed=2, vocab_size=16, initializer_range=0.4)
+    with torch.no_grad():  # a final norm that is not a plain rescaling, so applying it matters
+        model.model.norm.weight.copy_(torch.linspace(0.1, 3.0, model.config.hidden_size))
+    ids = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [3, 3, 1, 2, 9, 9, 4]]
+    agreement = exit_agreement(model, [(s, 3) for s in ids])
+    assert sorted(agreement) == [1, 2, 3] and agreement[3] == 1.0
+    with torch.no_grad():
+        for layer in (1, 2):
+            exit_model = early_exit_view(model, layer)
+            same = total = 0
+            for s in ids:
+                x = torch.tensor([s])
+                full, short = model(x).logits[0, 2:-1].argmax(-1), exit_model(x).logits[0, 2:-1].argmax(-1)
+                same, total = same + int((full == short).sum()), total + len(full)
+            assert agreement[layer] == pytest.approx(same / total)
+    assert min(agreement.values()) > 0 and min(agreement.values()) < 1  # the tiny exits disagree sometimes
+    fig = figures.exit_agreement_bars(agreement)
+    assert list(fig.data[0].x) == [1, 2, 3]
+
+
+def test_theory_tab_reads_exit_agreement_from_a_profile(tmp_path):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"verify_cost": {"1": 1.0, "2": 1.5}, "exit_agreement": {"1": 0.1, "2": 1.0}}))
+    assert read_exit_agreement(path) == {1: 0.1, 2: 1.0}
+    path.write_text(json.dumps({"verify_cost": {"1": 1.0}}))  # profiles from before it was measured
+    assert read_exit_agreement(path) is None
+    assert len(figures.exit_agreement_bars(None).data) == 0

@@ -38,6 +38,15 @@ true; on a laptop CPU it is not, and the dashed curve uses the verify cost measu
 their speedup from the autoregressive run of the same prompt. Where they sit below the curves, the
 difference is what the formula leaves out."""
 
+EXITS = """**Why an untrained early exit accepts so little.** `self_speculative` drafts with the model's
+first L layers and its own final norm and head. The bars show, per exit layer L, how often that
+shortcut picks the same next token as the whole model (measured by `python -m mtp_viz profile` on
+greedy answers to Spec-Bench prompts). Under greedy decoding a drafted token is accepted exactly
+when they agree, so a draft of γ tokens keeps about a + a² + … + a^γ of them, with a the bar's
+height. The middle layers have not yet formed the answer, and only the last few layers agree often;
+but an exit that late saves little time. A trained exit adapter, or a separate trained draft,
+is how to buy agreement cheaply."""
+
 BENCH = """**What you are seeing.** A benchmark over Spec-Bench prompts (`python -m mtp_viz bench`), with
 autoregressive decoding measured in the same run as the baseline of every speedup. Lossless
 strategies must reproduce autoregressive output (agreement 1). Lossy ones (ConfAdapt, typical

@@ -22,15 +22,27 @@ def shipped_profiles() -> dict[str, Path]:
 
 
 def read_profile(path: str | Path | None) -> dict[int, float] | None:
+    """The verify-cost curve of a profile file (None: no file)."""
+    return _profile(path)[0]
+
+
+def read_exit_agreement(path: str | Path | None) -> dict[int, float] | None:
+    """The per-layer early-exit agreement of a profile file, if it measured one."""
+    return _profile(path)[1]
+
+
+def _profile(path: str | Path | None) -> tuple[dict[int, float] | None, dict[int, float] | None]:
     if not path:
-        return None
+        return None, None
     if Path(path).stat().st_size > service.MAX_TRACE_BYTES:
         raise UserError("that profile file is too large")
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-        return {int(k): float(v) for k, v in data["verify_cost"].items()}
+        curve = {int(k): float(v) for k, v in data["verify_cost"].items()}
+        exits = {int(k): float(v) for k, v in (data.get("exit_agreement") or {}).items()} or None
     except (ValueError, KeyError, TypeError, AttributeError):
         raise UserError("not a profile: expected the JSON that `python -m mtp_viz profile` writes") from None
+    return curve, exits
 
 
 def points_from(paths: list[str]) -> list[dict]:
@@ -85,21 +97,27 @@ def build_theory() -> gr.Blocks:
                 type="filepath",
             )
         use_examples = gr.Checkbox(False, label="Show the example traces' measured points")
+        gr.Markdown(notes.EXITS)
+        exits_plot = gr.Plot(label="Early-exit agreement by layer")
 
         def update(alpha, gamma, c, profile, uploaded_profile, paths, examples):
             try:
-                curve = read_profile(uploaded_profile or profile)
+                curve, exits = _profile(uploaded_profile or profile)
                 files = list(paths or []) + ([str(p) for p in example_traces().values()] if examples else [])
                 points = points_from(files)
             except UserError as e:
                 raise gr.Error(str(e)) from None
             gamma = int(gamma)
-            return numbers_html(alpha, gamma, c, curve), figures.theory_curves(alpha, c, curve, points, MAX_GAMMA)
+            return (
+                numbers_html(alpha, gamma, c, curve),
+                figures.theory_curves(alpha, c, curve, points, MAX_GAMMA),
+                figures.exit_agreement_bars(exits),
+            )
 
         inputs = [alpha, gamma, c, profile, profile_upload, traces, use_examples]
         for component in (alpha, gamma, c, profile, use_examples):
-            component.change(update, inputs, [numbers, plot], api_visibility="private")
+            component.change(update, inputs, [numbers, plot, exits_plot], api_visibility="private")
         for component in (profile_upload, traces):
-            component.upload(update, inputs, [numbers, plot], api_visibility="private")
-        tab.load(update, inputs, [numbers, plot], api_visibility="private")
+            component.upload(update, inputs, [numbers, plot, exits_plot], api_visibility="private")
+        tab.load(update, inputs, [numbers, plot, exits_plot], api_visibility="private")
     return tab

@@ -241,3 +241,19 @@ def speed_quality(summary, quality: str = "agreement") -> go.Figure:
         **LAYOUT, title=f"Speed against quality ({quality})", xaxis_title="speedup (x)", yaxis_title=quality
     )
     return fig
+
+
+def exit_agreement_bars(agreement: dict[int, float] | None) -> go.Figure:
+    """Profile → per layer L, how often an early exit after L layers picks the model's own next token."""
+    fig = go.Figure()
+    if not agreement:
+        return _empty_note(fig, "this profile has no early-exit agreement (python -m mtp_viz profile measures it)")
+    layers = sorted(agreement)
+    fig.add_bar(x=layers, y=[agreement[k] for k in layers], marker_color=Q_COLOUR, name="agreement")
+    fig.update_layout(
+        **LAYOUT,
+        title="Early exit after layer L: top-1 agrees with the full model",
+        xaxis_title="exit layer L (self_speculative's exit_layer)",
+        yaxis=dict(title="share of answer tokens", range=[0, 1.05]),
+    )
+    return fig
