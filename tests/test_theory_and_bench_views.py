@@ -13,7 +13,7 @@ from mtp_viz.models import early_exit_view
 from mtp_viz.profile import exit_agreement
 from mtp_viz.theory import measured_point
 from mtp_viz.trace import Trace
-from mtp_viz.ui.bench_tab import read_summary, views
+from mtp_viz.ui.bench_tab import example_results, read_summary, views
 from mtp_viz.ui.explore import example_traces
 from mtp_viz.ui.theory_tab import numbers_html, points_from, read_exit_agreement, read_profile, shipped_profiles
 from mtp_viz.viz import figures
@@ -101,3 +101,17 @@ def test_theory_tab_reads_exit_agreement_from_a_profile(tmp_path):
     path.write_text(json.dumps({"verify_cost": {"1": 1.0}}))  # profiles from before it was measured
     assert read_exit_agreement(path) is None
     assert len(figures.exit_agreement_bars(None).data) == 0
+
+
+def test_shipped_bench_results_and_profile_load_in_the_tabs():
+    """What the Benchmark and Theory tabs open by default: the CPU results measured on the
+    embedded model, with autoregressive as the baseline, and the profile with its exit agreement."""
+    shipped = example_results()
+    assert "cpu-smollm2-135m" in shipped
+    summary = read_summary(shipped["cpu-smollm2-135m"])
+    base = summary[summary["strategy"] == "autoregressive"]
+    assert set(base["speedup"]) == {1.0} and "overall" in set(summary["category"])
+    table, speed, accepted, pareto = views(summary)
+    assert len(speed.data) == summary["strategy"].nunique()
+    exits = read_exit_agreement(shipped_profiles()["profile-smollm2-135m-cpu"])
+    assert len(exits) == 30 and exits[30] == 1.0
