@@ -148,7 +148,7 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
                     max_new_tokens=max_new,
                     temperature=temperature,
                     seed=seed,
-                    settings={"num_draft_tokens": k},
+                    num_draft_tokens=k,  # a shared control: kept for the strategies that draft
                 )
                 traces = []
                 for r in requests:
