@@ -156,12 +156,12 @@ def build_request(
 ) -> RunRequest:
     """UI values (numbers arrive as floats, empty choices as "" or None) → a validated RunRequest.
 
-    Strategy settings come as a dict and/or keywords, for every strategy at once (one control per
-    setting name); only the ones the chosen strategy has are passed on, converted to its types."""
+    Strategy settings come as keywords from controls shared by every strategy (one per setting
+    name), of which only the chosen strategy's are kept, and/or as the `settings` dict, which
+    names settings on purpose: one the strategy does not have is an error. Values are converted
+    to the setting's type."""
     spec = get_strategy(strategy)
     settings = parse_settings(settings)
-    # the settings dict names settings on purpose: each must be the strategy's (coerce says so);
-    # keyword values come from controls shared by every strategy, so only its own are kept
     chosen = {**settings_of(strategy, setting_values), **{k: v for k, v in settings.items() if v is not None}}
     strategy_settings = {k: coerce(strategy, k, v) for k, v in chosen.items()}
     generation = GenerationSettings(
