@@ -9,14 +9,17 @@ the decoding tokens/s recorded in each trace.
 
 import argparse
 import time
+from dataclasses import fields
 
 from served import cpu_seconds, served_app
 
 from mtp_viz.models import quiet_transformers
 from mtp_viz.prompts import CODE_EDIT_PROMPT
 from mtp_viz.runner import RunRequest, run
+from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import Trace
+from mtp_viz.ui.controls import setting_fields
 from mtp_viz.ui.service import STREAM_INTERVAL_S
 from mtp_viz.viz.tokens import tokens_html
 
@@ -46,9 +49,9 @@ def _measure(args, server, client):
     )
     # the Explore inputs: prompt, model, strategy, draft, max new, temperature, top-k, top-p, seed,
     # raw, then every strategy setting's control (left at its default)
-    params = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/explore_stream"]
-    ui_args = [p.get("parameter_default") for p in params["parameters"]]
-    ui_args[:10] = [CODE_EDIT_PROMPT, "smollm2-135m", args.strategy, "", args.max_new_tokens, 0.0, 0, 1.0, 0, False]
+    own = {f.name: f.default for f in fields(STRATEGIES[args.strategy].settings_cls)}
+    ui_args = [CODE_EDIT_PROMPT, "smollm2-135m", args.strategy, "", args.max_new_tokens, 0.0, 0, 1.0, 0, False]
+    ui_args += [own.get(name, f.default) for name, f in setting_fields().items()]
     run(request)  # warm-up: loads and converts the model once
     cli, ui, cli_tps, ui_tps, updates, cli_cpu, ui_cpu = [], [], [], [], [], [], []
     for _ in range(args.repeats):
