@@ -1,7 +1,7 @@
 """The app under load, as a hosted Space meets it: memory over repeated runs, then many concurrent
 API users. A benchmark, not a test: it prints what it measured.
 
-    .venv/bin/python benchmarks/load.py [--users 16] [--requests 3] [--repeated 50] [--max-new-tokens 24]
+    .venv/bin/python benchmarks/load.py [--users 16] [--requests 3] [--repeated 50] [--max-new-tokens 24] [--bursts 1]
 
 1. Memory: one user runs `--repeated` requests in a row (the strategies in turn); the server's
    resident memory is read after the warm-up, after the first 10 and at the end.
@@ -49,6 +49,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3, help="per user")
     parser.add_argument("--repeated", type=int, default=50, help="runs in a row for the memory figure")
     parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--bursts", type=int, default=1, help="how many times to run the concurrent load")
     parser.add_argument("--port", type=int, default=7862)
     args = parser.parse_args()
     quiet_transformers()
@@ -72,8 +73,10 @@ def main() -> None:
         latencies, tokens, errors, mismatches = [], [], [], []
         lock = threading.Lock()
 
+        clients = [Client(url, verbose=False) for _ in range(args.users)]  # one session per user, kept
+
         def user(u: int) -> None:
-            own = Client(url, verbose=False)
+            own = clients[u]
             for r in range(args.requests):
                 job = _job(u + r, args.max_new_tokens)
                 start = time.perf_counter()
@@ -89,23 +92,27 @@ def main() -> None:
                     if out != alone[_key(job)]:
                         mismatches.append(job)
 
-        threads = [threading.Thread(target=user, args=(u,)) for u in range(args.users)]
-        start = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        elapsed = time.perf_counter() - start
-        rss.append(rss_mb(server.pid))
+        elapsed = 0.0
+        for _ in range(args.bursts):  # the same load again: memory should level off, not climb
+            threads = [threading.Thread(target=user, args=(u,)) for u in range(args.users)]
+            start = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            elapsed += time.perf_counter() - start
+            rss.append(rss_mb(server.pid))
 
     q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
     print(f"memory (server RSS, MiB): after warm-up {rss[0]:.0f}, after 10 runs {rss[1]:.0f},")
     print(
         f"  after {args.repeated} runs {rss[2]:.0f} (growth {rss[2] - rss[0]:+.0f} MiB; "
-        f"{rss[2] - rss[1]:+.0f} over the last {args.repeated - 10}), after the load {rss[3]:.0f}"
+        f"{rss[2] - rss[1]:+.0f} over the last {args.repeated - 10}), after each load burst "
+        + ", ".join(f"{r:.0f}" for r in rss[3:])
     )
     print(
-        f"load: {args.users} users x {args.requests} requests, {args.max_new_tokens} new tokens each: "
+        f"load: {args.bursts} burst(s) of {args.users} users x {args.requests} requests, "
+        f"{args.max_new_tokens} new tokens each: "
         f"{len(latencies)} ok, {len(errors)} errors, {len(mismatches)} results differ from the same request alone"
     )
     print(
