@@ -165,7 +165,7 @@ def _cmd_profile(args) -> None:
         raise UserError("--exit-prompts must be 0..50")
     result = profile(target, draft, max_k=args.max_k, repeats=args.repeats)
     if args.exit_prompts:
-        answers = _answers(target, args.exit_prompts, args.device, args.dtype)
+        answers = _answers(name, args.exit_prompts, args.device, args.dtype)
         result = replace(result, exit_agreement=exit_agreement(target.model, answers))
     args.out.write_text(json.dumps(result.as_dict(), indent=1))
     curve = ", ".join(f"{k}: {v:.2f}" for k, v in result.verify_cost.items() if k in (1, 2, 4, 8, 16, 32))
@@ -179,8 +179,10 @@ def _cmd_profile(args) -> None:
     print(f"written to {args.out}")
 
 
-def _answers(target, n: int, device: str, dtype: str) -> list[tuple[list[int], int]]:
-    """Greedy answers (48 tokens) of the target to the first prompt of n Spec-Bench categories."""
+def _answers(model: str, n: int, device: str, dtype: str) -> list[tuple[list[int], int]]:
+    """Greedy answers (48 tokens) of `model` (as the user named it: a registry id or a directory,
+    which the runner loads from the same process cache) to the first prompt of n Spec-Bench
+    categories."""
     from mtp_viz.prompts import spec_bench
     from mtp_viz.runner import RunRequest, run
     from mtp_viz.strategies.base import GenerationSettings
@@ -191,7 +193,7 @@ def _answers(target, n: int, device: str, dtype: str) -> list[tuple[list[int], i
     out = []
     for text in list(firsts.values())[:n]:
         request = RunRequest(
-            prompt=text, model=target.name, device=device, dtype=dtype, generation=GenerationSettings(max_new_tokens=48)
+            prompt=text, model=model, device=device, dtype=dtype, generation=GenerationSettings(max_new_tokens=48)
         )
         t = run(request)
         out.append((t.prompt_token_ids + t.output_token_ids, len(t.prompt_token_ids)))

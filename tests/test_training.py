@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 from conftest import decode, save_tiny_dir
+from safetensors.torch import load_file
 
 from mtp_viz.__main__ import main
 from mtp_viz.drafters.draft import load_draft
@@ -59,6 +60,18 @@ def test_train_data_draft_and_heads_end_to_end(tiny_dir, tmp_path, capsys):
     hidden = torch.randn(3, target.model.config.hidden_size)
     nxt = heads.step(hidden, torch.tensor([1, 2, 3]))
     assert nxt.shape == hidden.shape and heads.logits(nxt).shape == (3, target.model.config.vocab_size)
+
+    # --start-from continues from the saved weights: with a negligible learning rate it saves them
+    # again (a run without it would start from the target's layers / fresh heads instead)
+    for what, src, extra in (("draft", draft_dir, []), ("heads", heads_dir, ["--depth", "2"])):
+        again = tmp_path / f"{what}-again"
+        flags = ["--out", str(again), "--start-from", str(src), "--epochs", "1", "--lr", "1e-12", *extra]
+        assert main(["train", what, *common, *flags]) == 0
+        assert json.loads((again / "training.json").read_text())["started_from"] == str(src)
+        before, after = load_file(src / "weights.safetensors"), load_file(again / "weights.safetensors")
+        assert before.keys() == after.keys()
+        for name in before:
+            torch.testing.assert_close(after[name].float(), before[name].float(), atol=1e-3, rtol=0)
 
 
 def test_reduced_head_scores_only_its_subset():

@@ -138,13 +138,13 @@ def train_draft(
     started = time.perf_counter()
     train_seqs = list(load_sequences(data, cfg.holdout_every, holdout=False, hidden=False))
     val_seqs = list(load_sequences(data, cfg.holdout_every, holdout=True, hidden=False))
-    eos = sorted(target.eos_token_ids)
-    vocab = frequent_tokens((torch.cat([s.tokens, s.argmax]) for s in train_seqs), cfg.reduced_vocab, always=eos)
     model = target.model
     if start_from is not None:  # continue training a saved draft (its layers and vocabulary)
         draft = load_draft(model, start_from).train()
         init = read_spec(start_from).init_layers
     else:
+        eos = sorted(target.eos_token_ids)
+        vocab = frequent_tokens((torch.cat([s.tokens, s.argmax]) for s in train_seqs), cfg.reduced_vocab, always=eos)
         init = spread_layers(model.config.num_hidden_layers, cfg.layers)
         draft = build_draft(model, init, vocab).train()
     vocab = draft.lm_head.ids.cpu()

@@ -141,23 +141,22 @@ def train_heads(
     started = time.perf_counter()
     train_seqs = list(load_sequences(data, cfg.holdout_every, holdout=False))
     val_seqs = list(load_sequences(data, cfg.holdout_every, holdout=True))
-    eos = sorted(target.eos_token_ids)
-    vocab = frequent_tokens((torch.cat([s.tokens, s.argmax]) for s in train_seqs), cfg.reduced_vocab, always=eos)
     model = target.model
-    spec = HeadsSpec(
-        base=target.name,
-        hidden_size=model.config.hidden_size,
-        intermediate_size=model.config.intermediate_size,
-        vocab_size=model.config.vocab_size,
-        reduced_vocab=len(vocab),
-        trained_depth=cfg.depth,
-        eps=float(getattr(model.config, "rms_norm_eps", 1e-5)),
-    )
     if start_from is not None:  # continue training saved heads (their vocabulary and spec)
         heads = load_heads(model, start_from).train()
-        spec, vocab = replace(heads.spec, trained_depth=cfg.depth), heads.head.ids.cpu()
-        heads.spec = spec
+        heads.spec = replace(heads.spec, trained_depth=cfg.depth)
     else:
+        eos = sorted(target.eos_token_ids)
+        vocab = frequent_tokens((torch.cat([s.tokens, s.argmax]) for s in train_seqs), cfg.reduced_vocab, always=eos)
+        spec = HeadsSpec(
+            base=target.name,
+            hidden_size=model.config.hidden_size,
+            intermediate_size=model.config.intermediate_size,
+            vocab_size=model.config.vocab_size,
+            reduced_vocab=len(vocab),
+            trained_depth=cfg.depth,
+            eps=float(getattr(model.config, "rms_norm_eps", 1e-5)),
+        )
         heads = build_heads(model, spec, vocab).train()
     index = heads.head.index.cpu()
     train_data = positions(train_seqs, index, cfg.depth)
@@ -178,7 +177,7 @@ def train_heads(
         return result
 
     initial = validate()
-    log(f"heads: {n} training positions, {len(vocab)}-token vocabulary; before training: {initial}")
+    log(f"heads: {n} training positions, {len(heads.head.ids)}-token vocabulary; before training: {initial}")
     history = train(
         params,
         epoch_batches,
