@@ -4,8 +4,8 @@ untrained drafters of the same architecture.
 
 The prompt comes from the training prompts' generator but was not among the training prompts
 (checked below). Measured on it (48 greedy tokens): draft acceptance 0.19 with 4 drafts (untrained
-0.0); heads chain of 3: 2.0 tokens per target forward (untrained, randomly initialised: about 1.0). The thresholds sit well
-below those values; docs/training.md has the held-out Spec-Bench figures."""
+0.0); heads chain of 3: 2.0 tokens per target forward (untrained, randomly initialised: about
+1.0). The thresholds sit well below those values; docs/training.md has the held-out Spec-Bench figures."""
 
 from pathlib import Path
 
