@@ -105,7 +105,8 @@ def _add_train(sub) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--start-from", type=Path, help="draft/heads: continue training these saved weights")
     t.add_argument("--instructions", type=int, help="data: round-1 prompts")
-    t.add_argument("--contexts", type=int, help="data: round-2 (summarise / context QA) prompts")
+    t.add_argument("--self-instruct", type=int, help="data: round-2 prompts, written by the target itself")
+    t.add_argument("--contexts", type=int, help="data: round-3 (summarise / context QA) prompts")
     t.add_argument("--max-new-tokens", type=int, help="data: tokens generated per prompt")
     t.add_argument("--batch-size", type=int, help="data: prompts decoded together")
     t.add_argument("--layers", type=int, help="draft: decoder layers")
@@ -215,6 +216,7 @@ def _cmd_train(args) -> None:
     given = lambda **kw: {k: v for k, v in kw.items() if v is not None}  # noqa: E731
     data_flags = given(
         instructions=args.instructions,
+        self_instruct=args.self_instruct,
         contexts=args.contexts,
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,

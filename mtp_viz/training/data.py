@@ -7,14 +7,17 @@ token i+1, and its top-k next-token log-probabilities: the teacher signal for th
 (soft labels) and for the MTP heads (hidden states in, the target's later predictions out). Prompt
 positions come from the prefill forward, so the drafters also learn to read long inputs.
 
-Round 1 answers instruction prompts (mtp_viz.training.prompts); round 2 asks for summaries of and
-questions about round-1 answers. Batches alternate between greedy decoding (what greedy
-speculative decoding meets at test time) and sampling, for variety.
+Round 1 answers instruction prompts built from templates (mtp_viz.training.prompts). Round 2
+answers instructions the target writes itself: sampled from its chat template's empty user turn
+(the pre-query template of Magpie, Xu et al. 2024), so they range over whatever the model
+expects users to ask, far beyond the templates. Round 3 asks for summaries of and questions about
+round-1 answers. Batches alternate between greedy decoding (what greedy speculative decoding meets
+at test time) and sampling, for variety. No prompt is taken from Spec-Bench, the held-out set.
 """
 
 import json
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -23,18 +26,23 @@ from transformers import DynamicCache
 
 from mtp_viz.errors import UserError
 from mtp_viz.models import LoadedModel, encode_prompt
+from mtp_viz.prompts import spec_bench
 from mtp_viz.sampling import Warp, probs_from_logits
 from mtp_viz.training.prompts import context_prompts, instruction_prompts
 
-ROUNDS = ("instructions", "contexts")
+ROUNDS = ("instructions", "self_instruct", "contexts")
+SELF_INSTRUCT_PROMPTS = "self_instruct-prompts.json"
 MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    instructions: int = 1200  # round-1 prompts
-    contexts: int = 300  # round-2 prompts, built from round-1 answers
-    max_new_tokens: int = 256
+    instructions: int = 800  # round-1 prompts (templates)
+    self_instruct: int = 1200  # round-2 prompts, written by the target itself
+    contexts: int = 200  # round-3 prompts, built from round-1 answers
+    max_new_tokens: int = 160
+    self_instruct_tokens: int = 64  # cap on a self-written instruction
+    self_instruct_temperature: float = 1.0
     max_prompt_tokens: int = 768
     batch_size: int = 48
     sampled_every: int = 3  # every n-th batch samples (temperature below) instead of greedy
@@ -138,7 +146,7 @@ def generate(target: LoadedModel, out: Path, cfg: DataConfig | None = None, log=
     for round_name in ROUNDS:
         if round_name in manifest["rounds"]:
             continue
-        prompts = _round_prompts(round_name, out, cfg)
+        prompts = _round_prompts(round_name, out, cfg, target)
         ids = [encode_prompt(target, p)[-cfg.max_prompt_tokens :] for p in prompts]
         batches = _batches(ids, cfg.batch_size)
         bar = tqdm(batches, desc=f"data: {round_name}", unit="batch")
@@ -161,11 +169,50 @@ def generate(target: LoadedModel, out: Path, cfg: DataConfig | None = None, log=
     return out
 
 
-def _round_prompts(round_name: str, out: Path, cfg: DataConfig) -> list[str]:
+def _round_prompts(round_name: str, out: Path, cfg: DataConfig, target: LoadedModel) -> list[str]:
     if round_name == "instructions":
         return instruction_prompts(cfg.instructions, cfg.seed)
+    if round_name == "self_instruct":
+        path = out / SELF_INSTRUCT_PROMPTS  # kept, so a resumed run answers the same prompts
+        if not path.exists():
+            path.write_text(json.dumps(self_instruct_prompts(target, cfg), indent=0, ensure_ascii=False))
+        return json.loads(path.read_text())
     documents = [t for shard in sorted(out.glob("instructions-*.pt")) for t in torch.load(shard)["texts"]]
     return context_prompts(documents, cfg.contexts, cfg.seed)
+
+
+def pre_query_ids(target: LoadedModel) -> list[int]:
+    """The chat template up to where a user message's text would start (with any default system
+    turn): what the model reads before it writes an instruction. Without a chat template, BOS."""
+    tok = target.tokenizer
+    if target.chat and tok.chat_template:
+        marker = "\x00MARK\x00"
+        text = tok.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
+        return tok(text[: text.index(marker)], add_special_tokens=False)["input_ids"]
+    bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    return [bos] if bos is not None else [0]
+
+
+def self_instruct_prompts(target: LoadedModel, cfg: DataConfig) -> list[str]:
+    """cfg.self_instruct distinct instructions sampled from the target's empty user turn; none is a
+    Spec-Bench prompt (the held-out set)."""
+    held_out = {t.strip() for q in spec_bench() for t in q["turns"]}
+    gen_cfg = replace(cfg, max_new_tokens=cfg.self_instruct_tokens)
+    warp = Warp(cfg.self_instruct_temperature)
+    prefix = pre_query_ids(target)
+    found: dict[str, None] = {}
+    bar = tqdm(total=cfg.self_instruct, desc="data: writing instructions", unit="prompt")
+    for attempt in range(4 * cfg.self_instruct // cfg.batch_size + 4):  # duplicates are rare
+        gen = torch.Generator().manual_seed(cfg.seed * 100_003 + 50_000 + attempt)
+        for s in generate_batch(target, [prefix] * cfg.batch_size, gen_cfg, warp, gen):
+            text = target.tokenizer.decode(s.tokens[s.prompt_len :], skip_special_tokens=True).strip()
+            if text and text not in held_out and text not in found and len(found) < cfg.self_instruct:
+                found[text] = None
+                bar.update()
+        if len(found) >= cfg.self_instruct:
+            break
+    bar.close()
+    return list(found)
 
 
 def shards(data: Path) -> list[Path]:
