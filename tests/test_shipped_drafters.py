@@ -7,6 +7,7 @@ The prompt comes from the training prompts' generator but was not among the trai
 0.0); heads chain of 3: 2.0 tokens per target forward (untrained, randomly initialised: about
 1.0). The thresholds sit well below those values; docs/training.md has the held-out Spec-Bench figures."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -19,13 +20,15 @@ from mtp_viz.models import load_heads_for, load_model
 from mtp_viz.registry import load_registry
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
-from mtp_viz.training.data import DataConfig
+from mtp_viz.prompts import spec_bench
+from mtp_viz.training.data import DataConfig, pre_query_ids
 from mtp_viz.training.prompts import instruction_prompts
 
 pytestmark = pytest.mark.slow
 MODEL, DRAFT, HEADS = "smollm2-135m", "smollm2-135m-draft", "smollm2-135m-mtp"
 PROMPT = "A shop sells 15 apples every day. How many apples does it sell in 15 days?"
 TOKENS = 48
+SELF_INSTRUCT = Path(__file__).resolve().parent.parent / "docs" / "smollm2-135m-self-instruct-prompts.json"
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +49,14 @@ def acceptance(target, prompt_ids, strategy, **kw):
 
 def test_the_prompt_was_held_out_of_training():
     assert PROMPT in instruction_prompts(1210) and PROMPT not in instruction_prompts(DataConfig().instructions)
+    written = json.loads(SELF_INSTRUCT.read_text())  # the instructions the target wrote for training
+    assert len(written) == DataConfig().self_instruct and PROMPT not in written
+    assert not {t for q in spec_bench() for t in q["turns"]} & set(written)  # Spec-Bench stays held out
+
+
+def test_self_written_instructions_start_from_the_empty_user_turn(target):
+    text = target.tokenizer.decode(pre_query_ids(target))
+    assert text.endswith("<|im_start|>user\n") and text.startswith("<|im_start|>system")
 
 
 def test_registry_names_the_trained_drafters():

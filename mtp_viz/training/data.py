@@ -196,6 +196,8 @@ def pre_query_ids(target: LoadedModel) -> list[int]:
 def self_instruct_prompts(target: LoadedModel, cfg: DataConfig) -> list[str]:
     """cfg.self_instruct distinct instructions sampled from the target's empty user turn; none is a
     Spec-Bench prompt (the held-out set)."""
+    if cfg.self_instruct == 0:
+        return []
     held_out = {t.strip() for q in spec_bench() for t in q["turns"]}
     gen_cfg = replace(cfg, max_new_tokens=cfg.self_instruct_tokens)
     warp = Warp(cfg.self_instruct_temperature)
