@@ -17,10 +17,10 @@ from conftest import decode
 from mtp_viz.drafters.draft import build_draft, read_spec
 from mtp_viz.drafters.heads import HeadsSpec, build_heads
 from mtp_viz.models import load_heads_for, load_model
+from mtp_viz.prompts import spec_bench
 from mtp_viz.registry import load_registry
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
-from mtp_viz.prompts import spec_bench
 from mtp_viz.training.data import DataConfig, pre_query_ids
 from mtp_viz.training.prompts import instruction_prompts
 

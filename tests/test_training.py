@@ -23,7 +23,8 @@ def tiny_dir(tmp_path_factory):
 def test_train_data_draft_and_heads_end_to_end(tiny_dir, tmp_path, capsys):
     data, draft_dir, heads_dir = tmp_path / "data", tmp_path / "draft", tmp_path / "heads"
     common = ["--model", str(tiny_dir), "--data", str(data)]
-    data_flags = ["--instructions", "12", "--self-instruct", "4", "--contexts", "2", "--max-new-tokens", "6", "--batch-size", "5"]
+    data_flags = ["--instructions", "12", "--self-instruct", "4", "--contexts", "2"]
+    data_flags += ["--max-new-tokens", "6", "--batch-size", "5"]
     assert main(["train", "data", *common, *data_flags]) == 0
     manifest = json.loads((data / "manifest.json").read_text())
     assert manifest["rounds"]["instructions"] == 3  # 12 prompts in batches of 5
