@@ -3,8 +3,8 @@ have the right shapes, and on a fixed held-out prompt agree with the target clea
 untrained drafters of the same architecture.
 
 The prompt comes from the training prompts' generator but was not among the training prompts
-(checked below). Measured on it (48 greedy tokens): draft acceptance 0.19 with 4 drafts (untrained
-0.0); heads chain of 3: 2.0 tokens per target forward (untrained, randomly initialised: about
+(checked below). Measured on it (48 greedy tokens): draft acceptance 0.23 with 4 drafts (untrained
+0.0); heads chain of 3: 1.85 tokens per target forward (untrained, randomly initialised: about
 1.0). The thresholds sit well below those values; docs/training.md has the held-out Spec-Bench figures."""
 
 import json
@@ -48,7 +48,8 @@ def acceptance(target, prompt_ids, strategy, **kw):
 
 
 def test_the_prompt_was_held_out_of_training():
-    assert PROMPT in instruction_prompts(1210) and PROMPT not in instruction_prompts(DataConfig().instructions)
+    # stage 1 of the shipped weights used the first 1,200 template prompts, stage 2 the first 800
+    assert PROMPT in instruction_prompts(1210) and PROMPT not in instruction_prompts(1200)
     written = json.loads(SELF_INSTRUCT.read_text())  # the instructions the target wrote for training
     assert len(written) == DataConfig().self_instruct and PROMPT not in written
     assert not {t for q in spec_bench() for t in q["turns"]} & set(written)  # Spec-Bench stays held out
