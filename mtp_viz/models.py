@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from mtp_viz.drafters.draft import load_draft
 from mtp_viz.drafters.heads import MTPHeads, load_heads
 from mtp_viz.errors import IncompatibleDraftError, UnknownModelError, UserError
+from mtp_viz.kernels import use_fast_linears
 from mtp_viz.registry import ModelEntry, Source, load_registry
 
 log = logging.getLogger(__name__)
@@ -270,6 +271,7 @@ def _wrap(name, model, tok, chat: bool, source: str) -> LoadedModel:
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     if tok is not None and tok.eos_token_id is not None:
         eos_ids.add(tok.eos_token_id)
+    use_fast_linears(model)
     return LoadedModel(name, model, tok, chat and tok is not None, frozenset(eos_ids), source)
 
 

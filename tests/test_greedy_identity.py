@@ -5,6 +5,7 @@ heads, have the same tests in test_mtp_heads.py.)"""
 import pytest
 from conftest import TINY_CONFIGS, decode, hf_greedy, perturbed, tiny_model
 
+from mtp_viz.kernels import use_fast_linears
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import VERDICT_ACCEPTED, VERDICT_REJECTED
 
@@ -61,10 +62,14 @@ def _lossless_runs(model, draft, generation, eos=()):
         )
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["stock-linear", "fast-linear"])
 @pytest.mark.parametrize("name,seed", CASES)
-def test_greedy_identical_to_autoregressive_and_generate(name, seed):
+def test_greedy_identical_to_autoregressive_and_generate(name, seed, fast):
     model = tiny_model(name, seed=seed)
     draft = perturbed(model, noise=0.2, seed=seed + 10)
+    if fast:  # as loaded models run on a CPU (mtp_viz.kernels)
+        use_fast_linears(model)
+        use_fast_linears(draft)
     generation = GenerationSettings(max_new_tokens=40)
     reference, _ = decode(model, "autoregressive", PROMPT, generation)
     assert reference == hf_greedy(model, PROMPT, 40)

@@ -24,6 +24,7 @@ from transformers import PreTrainedModel
 
 from mtp_viz.drafters.vocab import ReducedHead
 from mtp_viz.errors import UserError
+from mtp_viz.kernels import use_fast_linears
 
 SPEC_FILE = "heads.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -56,6 +57,7 @@ class MTPHeads(nn.Module):
         self.up = nn.Linear(h, i, bias=False)
         self.down = nn.Linear(i, h, bias=False)
         self.norm_out = nn.RMSNorm(h, eps=spec.eps)
+        use_fast_linears(self)
 
     def step(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """hidden (N, H) at position t, tokens (N,) = x_{t+1} → predicted hidden (N, H) at t+1."""

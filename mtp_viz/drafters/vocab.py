@@ -12,6 +12,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from mtp_viz.kernels import fast_linear
+
 
 class ReducedHead(nn.Module):
     """The target's LM-head rows for `ids`, frozen; full-vocabulary logits out."""
@@ -27,7 +29,7 @@ class ReducedHead(nn.Module):
 
     def reduced(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) → (..., V') logits over the subset."""
-        return hidden @ self.weight.T
+        return fast_linear(hidden, self.weight)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) → (..., V) logits, −inf for tokens outside the subset."""

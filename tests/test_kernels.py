@@ -1,0 +1,61 @@
+"""The few-row linear product (mtp_viz.kernels) computes what F.linear computes."""
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from mtp_viz import kernels
+from mtp_viz.kernels import MAX_ROWS, FastLinear, fast_linear, use_fast_linears
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 7, MAX_ROWS, MAX_ROWS + 1])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fast_linear_equals_f_linear(rows, bias):
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(48, 32, generator=g)
+    b = torch.randn(48, generator=g) if bias else None
+    x = torch.randn(1, rows, 32, generator=g)
+    y = fast_linear(x, w, b)
+    assert y.shape == (1, rows, 48) and y.is_contiguous()
+    torch.testing.assert_close(y, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_fast_linear_keeps_gradients():
+    w = torch.randn(8, 4, requires_grad=True)
+    x = torch.randn(3, 4, requires_grad=True)
+    fast_linear(x, w).square().sum().backward()
+    w_ref, x_ref = w.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+    F.linear(x_ref, w_ref).square().sum().backward()
+    torch.testing.assert_close(w.grad, w_ref.grad)
+    torch.testing.assert_close(x.grad, x_ref.grad)
+
+
+def test_other_dtypes_and_the_switch_fall_back_to_f_linear(monkeypatch):
+    calls = []
+    real = F.linear
+    monkeypatch.setattr(kernels.F, "linear", lambda *a: calls.append(1) or real(*a))
+    w, x = torch.randn(8, 4), torch.randn(1, 4)
+    fast_linear(x, w)
+    assert calls == []  # the fast path ran
+    fast_linear(x.bfloat16(), w.bfloat16())
+    assert calls == [1]
+    kernels.set_enabled(False)
+    try:
+        fast_linear(x, w)
+    finally:
+        kernels.set_enabled(True)
+    assert calls == [1, 1]
+
+
+def test_use_fast_linears_keeps_the_modules_and_their_weights():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2, bias=False))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(2, 4)
+    expected = model(x)
+    use_fast_linears(model)
+    assert all(type(m) is FastLinear for m in (model[0], model[2]))
+    assert isinstance(model[0], nn.Linear)
+    assert model.state_dict().keys() == before.keys()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+    torch.testing.assert_close(model(x), expected)
