@@ -3,12 +3,14 @@
 Decoding multiplies a weight matrix by 1 to a few dozen rows (one token, a draft, a tree). On
 the CPUs we measured (AMD EPYC, PyTorch's MKL), `F.linear` on 1-3 rows takes the matrix-vector
 and small-matrix paths, which run at a third to a half of the memory bandwidth that the same
-product gets when written as `W @ xᵀ` (the weight on the left). One row padded to two is faster
-still than one row alone. `benchmarks/cpu_linear.py` measures both ways side by side.
+product gets when written as `W @ xᵀ` (the weight on the left). That product's own cost is not
+monotone in the row count either (measured over all of SmolLM2-135M's weights: 1 row costs
+about what 2 do, 3 more than 4, 6-15 more than 16), so rows are padded with zeros up to the
+next of ROW_BUCKETS. `benchmarks/cpu_linear.py` measures both ways side by side.
 
 `fast_linear` is that product; `use_fast_linears` switches a model's `nn.Linear` layers to it.
-It only acts on float32 CPU tensors with at most MAX_ROWS rows (prefill and training batches,
-GPUs and other dtypes keep `F.linear`). Results equal `F.linear`'s up to float rounding. Set
+It only acts on float32 CPU tensors with at most the largest bucket of rows (prefill and training
+batches, GPUs and other dtypes keep `F.linear`). Results equal `F.linear`'s up to float rounding. Set
 MTP_VIZ_LINEAR=stock in the environment (or call `set_enabled(False)`) to measure without it.
 """
 
@@ -18,7 +20,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-MAX_ROWS = 128  # measured faster than F.linear up to here on the CPU above; prefill keeps F.linear
+ROW_BUCKETS = (2, 4, 5, 16)  # rows are padded up to the next of these; more rows keep F.linear
+MAX_ROWS = ROW_BUCKETS[-1]
 ENV = "MTP_VIZ_LINEAR"
 STOCK = "stock"
 
@@ -42,8 +45,9 @@ def fast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if rows == 0 or rows > MAX_ROWS:
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])  # (m, in)
-    if rows == 1:  # the one-row path is the slowest of all: pad to two rows
-        flat = torch.cat([flat, flat.new_zeros(1, flat.shape[1])])
+    padded = next(b for b in ROW_BUCKETS if b >= rows)
+    if padded > rows:
+        flat = torch.cat([flat, flat.new_zeros(padded - rows, flat.shape[1])])
     y = torch.mm(weight, flat.t())[:, :rows].t().contiguous()  # (m, out)
     if bias is not None:
         y = y + bias

@@ -9,7 +9,7 @@ from mtp_viz import kernels
 from mtp_viz.kernels import MAX_ROWS, FastLinear, fast_linear, use_fast_linears
 
 
-@pytest.mark.parametrize("rows", [0, 1, 2, 3, 7, MAX_ROWS, MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 7, MAX_ROWS, MAX_ROWS + 1])
 @pytest.mark.parametrize("bias", [False, True])
 def test_fast_linear_equals_f_linear(rows, bias):
     g = torch.Generator().manual_seed(rows)
