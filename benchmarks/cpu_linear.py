@@ -72,7 +72,10 @@ def forwards(target, draft, repeats: int) -> None:
 def decoding(target, tokens: int, repeats: int) -> None:
     ids = encode_prompt(target, spec_bench_prompt(81))
     request = RunRequest(
-        model=target.name, strategy="autoregressive", prompt_ids=tuple(ids), generation=GenerationSettings(max_new_tokens=tokens)
+        model=target.name,
+        strategy="autoregressive",
+        prompt_ids=tuple(ids),
+        generation=GenerationSettings(max_new_tokens=tokens),
     )
     rate, outputs = {"stock": [], "fast": []}, {}
     for _ in range(repeats):
@@ -84,7 +87,9 @@ def decoding(target, tokens: int, repeats: int) -> None:
     kernels.set_enabled(True)
     s, f = (max(rate[w]) for w in ("stock", "fast"))
     print(f"\n3. greedy autoregressive, Spec-Bench 81, {tokens} tokens, best of {repeats}")
-    print(f"tokens/s: stock {s:.1f}, fast {f:.1f}, ratio {f / s:.2f}x; same tokens: {outputs['stock'] == outputs['fast']}")
+    print(
+        f"tokens/s: stock {s:.1f}, fast {f:.1f}, ratio {f / s:.2f}x; same tokens: {outputs['stock'] == outputs['fast']}"
+    )
 
 
 def main() -> None:

@@ -60,7 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--suite", default="spec-bench")
     bench.add_argument("--categories", help="comma-separated, default: all")
     bench.add_argument("--limit", type=int, help="prompts per category")
-    bench.add_argument("--strategies", default="autoregressive,prompt_lookup", help="comma-separated")
+    bench.add_argument(
+        "--strategies",
+        default="autoregressive,prompt_lookup",
+        help="comma-separated; a variant sets values: mtp_heads:tree=0,1,00:acceptance=typical",
+    )
     bench.add_argument("--model")
     bench.add_argument("--draft")
     bench.add_argument("--num-draft-tokens", type=int)
@@ -121,14 +125,14 @@ def _cmd_bench(args) -> None:
     from tqdm import tqdm
 
     from mtp_viz.bench import load_suite, run_bench, save
-    from mtp_viz.runner import RunRequest, settings_of
+    from mtp_viz.runner import RunRequest, settings_of, split_variants
     from mtp_viz.strategies.base import GenerationSettings
 
     if args.limit is not None and args.limit < 1:
         raise UserError("--limit must be at least 1")
     categories = [c for c in (args.categories or "").split(",") if c] or None
     prompts = load_suite(args.suite, categories, args.limit)
-    strategies = [s for s in args.strategies.split(",") if s]
+    strategies = split_variants(args.strategies)
     base = RunRequest(
         model=args.model,
         draft=args.draft,

@@ -22,7 +22,7 @@ from mtp_viz.models import (
     shared_vocab_size,
 )
 from mtp_viz.registry import load_registry
-from mtp_viz.strategies import get_strategy
+from mtp_viz.strategies import STRATEGIES, get_strategy
 from mtp_viz.strategies.base import DecodeContext, GenerationSettings
 from mtp_viz.trace import STOP_CANCELLED, STOP_EOS, STOP_MAX_NEW_TOKENS, Step, Trace
 
@@ -87,6 +87,18 @@ def coerce(strategy: str, name: str, value: Any) -> Any:
         except ValueError:
             raise InvalidSettingsError(f"{name} must be a number, got {value!r}") from None
     return value
+
+
+def split_variants(text: str) -> list[str]:
+    """ "a,b:tree=0,1,00,c" → ["a", "b:tree=0,1,00", "c"]: a comma starts a new variant only
+    where a strategy name follows, so settings whose values hold commas (MTP trees) survive."""
+    variants: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part.split(":")[0] in STRATEGIES or not variants:
+            variants.append(part)
+        else:
+            variants[-1] += "," + part
+    return [v for v in variants if v]
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:

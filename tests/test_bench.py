@@ -8,6 +8,7 @@ import pytest
 from mtp_viz.__main__ import main
 from mtp_viz.bench import load_suite
 from mtp_viz.errors import UserError
+from mtp_viz.runner import parse_variant, split_variants
 
 
 def test_suite_selection():
@@ -58,3 +59,17 @@ def test_bench_command_writes_tables_and_traces(use_tiny_registry, tmp_path, cap
     assert len(list((out / "traces" / "speculative_schedule-heuristic").glob("*.json"))) == 2
     assert (out / "results.csv").read_text().count("\n") == 1 + 7 * 2
     assert "overall" in capsys.readouterr().out
+
+
+def test_variants_split_on_commas_that_start_a_strategy():
+    text = "autoregressive,mtp_heads:tree=0,1,00:acceptance=typical,speculative:num_draft_tokens=2,prompt_lookup"
+    variants = split_variants(text)
+    assert variants == [
+        "autoregressive",
+        "mtp_heads:tree=0,1,00:acceptance=typical",
+        "speculative:num_draft_tokens=2",
+        "prompt_lookup",
+    ]
+    assert parse_variant(variants[1]) == ("mtp_heads", {"tree": "0,1,00", "acceptance": "typical"})
+    with pytest.raises(UserError, match="unknown strategy"):
+        parse_variant(split_variants("telepathy,1")[0])
