@@ -34,7 +34,7 @@ VERIFY_K = (1, 2, 3, 4, 5, 8, 10, 16)
 def products(model, repeats: int) -> None:
     layers = [m.weight for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
     groups = {"all layers": layers, "output head": [model.get_output_embeddings().weight]}
-    print("\n1. products (ms; median of %d; all weights in turn)" % repeats)
+    print(f"\n1. products (ms; median of {repeats}; all weights in turn)")
     print("| weights | rows | F.linear | fast_linear | ratio |\n|---|---|---|---|---|")
     for label, weights in groups.items():
         for m in ROWS:
