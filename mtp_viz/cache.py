@@ -115,12 +115,15 @@ class CachedModel:
 
     def keep(self, start: int, rows: list[int]) -> None:
         """Keep the cache up to `start`, then only the entries at start + r for r in rows (in order)."""
-        index = torch.tensor(list(range(start)) + [start + r for r in rows], dtype=torch.long, device=self.device)
-        for layer in self.cache.layers:
-            if layer.is_initialized and layer.keys.numel():
-                layer.keys = layer.keys.index_select(-2, index)
-                layer.values = layer.values.index_select(-2, index)
-        self.length = len(index)
+        n = len(rows)
+        if list(rows) != list(range(n)):  # move the kept entries into place; the prefix stays put
+            index = torch.tensor([start + r for r in rows], dtype=torch.long, device=self.device)
+            with torch.inference_mode():  # the cache's tensors were made in inference mode
+                for layer in self.cache.layers:
+                    if layer.is_initialized and layer.keys.numel():
+                        layer.keys[..., start : start + n, :] = layer.keys.index_select(-2, index)
+                        layer.values[..., start : start + n, :] = layer.values.index_select(-2, index)
+        self.rollback(start + n)
 
     def rollback(self, length: int) -> None:
         """Forget the cached key/values of every position >= `length`."""
