@@ -67,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--model")
     bench.add_argument("--draft")
+    bench.add_argument("--heads", help="MTP heads: registry id or directory (default: the model's first registered)")
     bench.add_argument("--num-draft-tokens", type=int)
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--device", default="auto")
@@ -136,6 +137,7 @@ def _cmd_bench(args) -> None:
     base = RunRequest(
         model=args.model,
         draft=args.draft,
+        heads=args.heads,
         device=args.device,
         dtype=args.dtype,
         generation=GenerationSettings(max_new_tokens=args.max_new_tokens),
@@ -145,10 +147,18 @@ def _cmd_bench(args) -> None:
         return settings_of(strategy, {"num_draft_tokens": args.num_draft_tokens})
 
     peers = [p for p in args.peers.split(",") if p]
-    with tqdm(total=len(prompts) * (len(set(strategies) | {"autoregressive"}) + len(peers)), unit="run") as bar:
-        traces, peer_runs = run_bench(
-            prompts, strategies, base, settings_for, progress=lambda done, _: bar.update(1), peers=peers
-        )
+    bars = []  # opened at the first finished run, so that an error before it prints alone
+
+    def progress(done: int, total: int) -> None:
+        if not bars:
+            bars.append(tqdm(total=total, unit="run"))
+        bars[0].update(1)
+
+    try:
+        traces, peer_runs = run_bench(prompts, strategies, base, settings_for, progress=progress, peers=peers)
+    finally:
+        for bar in bars:
+            bar.close()
     summary = save(args.out, prompts, traces, peer_runs)
     print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"results, summary and traces written to {args.out}")

@@ -8,12 +8,12 @@ from pathlib import Path
 import pandas as pd
 
 from mtp_viz.errors import UserError
-from mtp_viz.models import load_model, resolve_device
+from mtp_viz.models import load_heads_for, load_model, resolve_device
 from mtp_viz.peers import HF_ASSISTED, PEERS, PeerRun, run_peer
 from mtp_viz.prompts import spec_bench
 from mtp_viz.quality import final_number, first_divergence
 from mtp_viz.registry import load_registry
-from mtp_viz.runner import RunRequest, parse_variant, run
+from mtp_viz.runner import RunRequest, build_strategy_settings, parse_variant, run
 from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.speculative import SpeculativeSettings
 from mtp_viz.trace import Trace, depth_counts
@@ -73,6 +73,10 @@ def run_bench(
     target = load_model(
         base.model or load_registry().default_for(resolve_device(base.device).type), base.device, base.dtype
     )
+    for name, values in variants.values():  # bad settings or missing heads fail before any timing
+        build_strategy_settings(name, {**settings_for(name), **values})
+        if STRATEGIES[name].needs_heads:
+            load_heads_for(target, base.heads)
     draft = _peer_draft(base, target) if HF_ASSISTED in peers else None
     k = settings_for("speculative").get("num_draft_tokens", SpeculativeSettings().num_draft_tokens)
     traces: dict[str, list[Trace]] = {label: [] for label in order}

@@ -136,6 +136,26 @@ BAD = {
     "tree without its parent": (["run", "--prompt", "hi", "--strategy", "mtp_heads", "--set", "tree=00"], "parent"),
     "no heads registered": (["run", "--prompt", "hi", "--strategy", "mtp_heads"], "no MTP heads"),
     "unknown heads": (["run", "--prompt", "hi", "--strategy", "mtp_heads", "--heads", "nope"], "unknown heads"),
+    "bench with unknown heads": (
+        [
+            "bench",
+            "--categories",
+            "qa",
+            "--limit",
+            "1",
+            "--strategies",
+            "mtp_heads",
+            "--heads",
+            "nope",
+            "--out",
+            "/tmp/b",
+        ],
+        "unknown heads",
+    ),
+    "bench with a malformed tree": (
+        ["bench", "--categories", "qa", "--limit", "1", "--strategies", "mtp_heads:tree=0,a", "--out", "/tmp/b"],
+        "tree",
+    ),
     "tau above one": (["run", "--prompt", "hi", "--strategy", "conf_adapt", "--set", "tau=1.5"], "tau"),
     "k too large": (["run", "--prompt", "hi", "--strategy", "conf_adapt", "--set", "k=99"], "k must"),
     "mask tokens on a model without": (
