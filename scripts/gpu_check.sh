@@ -28,7 +28,7 @@ timeout 60 "$PY" -m mtp_viz profile --device cuda --dtype bfloat16 --model smoll
     --draft smollm2-135m-draft --max-k 32 --repeats 5 --out "$OUT/profile.json" 2>&1 | tee "$OUT/profile.log" || status=1
 timeout 150 "$PY" -m mtp_viz bench --device cuda --dtype bfloat16 --model smollm2-135m --limit 1 \
     --categories translation,summarization,qa,math_reasoning,rag,coding --max-new-tokens 128 \
-    --strategies speculative,prompt_lookup,lookahead,mtp_heads,mtp_heads:tree=0,1,2,00,01,10,000,001,0000,conf_adapt \
+    --strategies speculative,prompt_lookup,prompt_lookup:num_draft_tokens=10,lookahead,mtp_heads,mtp_heads:tree=0,1,2,00,01,10,000,001,0000,conf_adapt \
     --peers hf_generate,hf_assisted,hf_prompt_lookup --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" || status=1
 echo "gpu check finished with status $status; results in $OUT"
 exit $status

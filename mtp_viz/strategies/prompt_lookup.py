@@ -26,11 +26,15 @@ NAME = "prompt_lookup"
 MAX_DRAFT_TOKENS = 64
 MAX_NGRAM_SIZE = 16
 NGRAM_SOURCE = "ngram"
+# Most drafts per step. 3 on a CPU, where verifying up to 4-5 tokens costs about one forward and
+# more cost two (docs/BENCHMARKS.md: 1.18x with 3 against 1.02x with 10 on Spec-Bench); where
+# verifying costs little more, as on a GPU, 10 (transformers' and Spec-Bench's choice) pays.
+DEFAULT_DRAFT_TOKENS = 3
 
 
 @dataclass(frozen=True)
 class PromptLookupSettings:
-    num_draft_tokens: int = setting(10, "Draft tokens per step (most)", low=1, high=MAX_DRAFT_TOKENS)
+    num_draft_tokens: int = setting(DEFAULT_DRAFT_TOKENS, "Draft tokens per step (most)", low=1, high=MAX_DRAFT_TOKENS)
     max_ngram_size: int = setting(3, "Longest n-gram matched", low=1, high=MAX_NGRAM_SIZE)
     min_ngram_size: int = setting(2, "Shortest n-gram matched", low=1, high=MAX_NGRAM_SIZE)
 
