@@ -271,7 +271,8 @@ def _wrap(name, model, tok, chat: bool, source: str) -> LoadedModel:
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     if tok is not None and tok.eos_token_id is not None:
         eos_ids.add(tok.eos_token_id)
-    use_fast_linears(model)
+    if model.device.type == "cpu" and model.dtype == torch.float32:  # elsewhere F.linear is left alone
+        use_fast_linears(model)
     return LoadedModel(name, model, tok, chat and tok is not None, frozenset(eos_ids), source)
 
 

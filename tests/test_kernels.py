@@ -59,3 +59,12 @@ def test_use_fast_linears_keeps_the_modules_and_their_weights():
     assert model.state_dict().keys() == before.keys()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
     torch.testing.assert_close(model(x), expected)
+
+
+def test_registry_models_use_it_on_a_cpu_in_float32_only(use_tiny_registry):
+    from mtp_viz.models import load_model
+
+    linears = [m for m in load_model("tiny", "cpu", "float32").model.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(type(m) is FastLinear for m in linears)
+    bf16 = [m for m in load_model("tiny", "cpu", "bfloat16").model.modules() if isinstance(m, nn.Linear)]
+    assert bf16 and all(type(m) is nn.Linear for m in bf16)
