@@ -9,6 +9,7 @@ import pytest
 from bad_inputs import CASES
 from bad_inputs import request as corpus_request
 
+from mtp_viz.strategies.prompt_lookup import DEFAULT_DRAFT_TOKENS
 from mtp_viz.trace import SCHEMA_VERSION
 from mtp_viz.ui.app import api_run
 
@@ -33,7 +34,7 @@ def test_run_endpoint_returns_a_trace(client):
         trace["strategy"] == "prompt_lookup" and trace["model"] == "tiny" and trace["schema_version"] == SCHEMA_VERSION
     )
     assert len(trace["output_token_ids"]) <= 10
-    assert trace["settings"]["num_draft_tokens"] == 10
+    assert trace["settings"]["num_draft_tokens"] == DEFAULT_DRAFT_TOKENS  # the strategy's own default
 
 
 def test_run_endpoint_with_a_draft_and_sampling(client):
