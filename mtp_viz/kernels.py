@@ -33,10 +33,6 @@ def set_enabled(on: bool) -> None:
     _enabled = on
 
 
-def enabled() -> bool:
-    return _enabled
-
-
 def fast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., in) @ weightᵀ (+ bias) → (..., out), as `F.linear`."""
     rows = x.numel() // max(1, x.shape[-1])

@@ -94,11 +94,13 @@ def split_variants(text: str) -> list[str]:
     where a strategy name follows, so settings whose values hold commas (MTP trees) survive."""
     variants: list[str] = []
     for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
         if part.split(":")[0] in STRATEGIES or not variants:
             variants.append(part)
         else:
             variants[-1] += "," + part
-    return [v for v in variants if v]
+    return variants
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:

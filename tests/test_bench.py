@@ -71,5 +71,6 @@ def test_variants_split_on_commas_that_start_a_strategy():
         "prompt_lookup",
     ]
     assert parse_variant(variants[1]) == ("mtp_heads", {"tree": "0,1,00", "acceptance": "typical"})
+    assert split_variants(" autoregressive,,prompt_lookup, ") == ["autoregressive", "prompt_lookup"]
     with pytest.raises(UserError, match="unknown strategy"):
         parse_variant(split_variants("telepathy,1")[0])
