@@ -25,6 +25,8 @@ MAX_ROWS = ROW_BUCKETS[-1]
 ENV = "MTP_VIZ_LINEAR"
 STOCK = "stock"
 
+_PADDED = [next(b for b in ROW_BUCKETS if b >= rows) for rows in range(MAX_ROWS + 1)]  # rows → padded rows
+
 _enabled = os.environ.get(ENV, "").strip().lower() != STOCK
 
 
@@ -36,12 +38,11 @@ def set_enabled(on: bool) -> None:
 def fast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., in) @ weightᵀ (+ bias) → (..., out), as `F.linear`."""
     rows = x.numel() // max(1, x.shape[-1])
-    if not _enabled or weight.device.type != "cpu" or weight.dtype != torch.float32 or x.dtype != torch.float32:
-        return F.linear(x, weight, bias)
-    if rows == 0 or rows > MAX_ROWS:
+    cpu_f32 = weight.device.type == "cpu" and weight.dtype == torch.float32 and x.dtype == torch.float32
+    if not (_enabled and cpu_f32 and 0 < rows <= MAX_ROWS):
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])  # (m, in)
-    padded = next(b for b in ROW_BUCKETS if b >= rows)
+    padded = _PADDED[rows]
     if padded > rows:
         flat = torch.cat([flat, flat.new_zeros(padded - rows, flat.shape[1])])
     y = torch.mm(weight, flat.t())[:, :rows].t().contiguous()  # (m, out)
