@@ -22,9 +22,9 @@ from mtp_viz.trace import DraftToken, Step
 
 NAME = "mtp_heads"
 CHAIN = "chain"
-# Three guesses (the top two for the next token, one more after the first): on a CPU verifying up
-# to 4-5 tokens costs about one forward and more cost two (docs/BENCHMARKS.md). Where verifying
-# costs little more, as on a GPU, bigger trees pay: LARGE_TREE.
+# Three guesses (the top two for the next token, one more after the first): on a CPU verifying 2-4
+# tokens costs 1.0-1.3x a one-token forward, 5 about 1.5x and 6-16 two or more (docs/BENCHMARKS.md).
+# Where verifying costs little more, as on a GPU, bigger trees pay: LARGE_TREE.
 DEFAULT_TREE = "0,1,00"
 LARGE_TREE = "0,1,2,00,01,10,000,001,0000"
 MAX_TREE_NODES = 64

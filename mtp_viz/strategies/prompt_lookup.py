@@ -26,8 +26,8 @@ NAME = "prompt_lookup"
 MAX_DRAFT_TOKENS = 64
 MAX_NGRAM_SIZE = 16
 NGRAM_SOURCE = "ngram"
-# Most drafts per step. 3 on a CPU, where verifying up to 4-5 tokens costs about one forward and
-# more cost two (docs/BENCHMARKS.md: 1.18x with 3 against 1.02x with 10 on Spec-Bench); where
+# Most drafts per step. 3 on a CPU, where verifying 2-4 tokens costs 1.0-1.3x a one-token forward
+# and more cost 1.5-2.6x (docs/BENCHMARKS.md: 1.18x with 3 against 1.02x with 10 on Spec-Bench); where
 # verifying costs little more, as on a GPU, 10 (transformers' and Spec-Bench's choice) pays.
 DEFAULT_DRAFT_TOKENS = 3
 
