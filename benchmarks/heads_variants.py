@@ -15,10 +15,15 @@ validation split and on the target's greedy answers to Spec-Bench prompts:
   target's argmax and a smooth-L1 pull towards its next hidden state.
 - attention+layers: the same, also fed the target's hidden states after layers 4 and 16 (EAGLE-3's
   multi-layer features). The cache holds only the final hidden state, so one teacher-forced target
-  forward per sequence adds them (about 5 minutes for 900 sequences on 2 cores); --subset bounds
+  forward per sequence adds them (about 6 minutes for 950 sequences on 2 cores); --subset bounds
   the number of training sequences (every other one, from the start) for both variants alike.
 
 Depth 1 only: enough to decide whether the variant is worth building into the strategies.
+Agreement counts only positions whose target token is in the heads' reduced vocabulary (a token
+outside it can never be guessed: 6.2% of the validation positions), so it reads higher than the
+training run's own figures; shipped heads and variant are compared on identical positions. The
+Spec-Bench answers are the target's greedy 96 tokens to the first 3 prompts of each category,
+each prompt cut to its last 700 tokens, generated in left-padded batches of 8.
 """
 
 import argparse

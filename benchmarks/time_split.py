@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/time_split.py RESULTS_DIR
 
-Draft = time spent drafting; verify = the target forward and the accept rule; other = the rest of
-the wall time (bookkeeping between steps)."""
+Draft = time spent drafting; verify = the target forward (each step's `verify_s`); other = the
+rest of the wall time (the accept rule, the trace, bookkeeping between steps)."""
 
 import sys
 from pathlib import Path

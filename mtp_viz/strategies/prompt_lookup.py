@@ -5,11 +5,13 @@ and the output; the tokens that followed the first earlier occurrence become the
 target verifies in one forward. When nothing matches the step is a plain autoregressive forward,
 so a prompt with nothing to copy costs what autoregressive decoding costs.
 
-Why `min_ngram_size` defaults to 2 (transformers goes down to 1): on a laptop CPU a forward over
-a draft costs ~2x a one-token forward, and a draft found from a single matching token keeps only
-0.37 tokens on average (SmolLM2-135M, five Spec-Bench-style prompts; 2-gram matches keep 0.98,
-3-grams 2.36; benchmarks/prompt_lookup_stats.py), so drafting from it loses time. On a GPU,
-where verifying a few tokens costs about one forward, `min_ngram_size=1` pays.
+Why `min_ngram_size` defaults to 2 (transformers goes down to 1): measured on a laptop CPU with
+`F.linear`, a forward over a draft cost ~2x a one-token forward, and a draft found from a single
+matching token keeps only 0.37 tokens on average (SmolLM2-135M, five Spec-Bench-style prompts;
+2-gram matches keep 0.98, 3-grams 2.36; benchmarks/prompt_lookup_stats.py), so drafting from it
+lost time. With `fast_linear` a 2-4 token verify costs 1.0-1.3x, which lowers that break-even;
+min_ngram_size=1 has not been re-measured on it. On a GPU, where verifying a few tokens costs
+about one forward, `min_ngram_size=1` pays.
 """
 
 from collections.abc import Iterator
@@ -27,7 +29,7 @@ MAX_DRAFT_TOKENS = 64
 MAX_NGRAM_SIZE = 16
 NGRAM_SOURCE = "ngram"
 # Most drafts per step. 3 on a CPU, where verifying 2-4 tokens costs 1.0-1.3x a one-token forward
-# and more cost 1.5-2.6x (docs/BENCHMARKS.md: 1.18x with 3 against 1.02x with 10 on Spec-Bench); where
+# and more cost 1.25-2.6x (docs/BENCHMARKS.md: 1.18x with 3 against 1.02x with 10 on Spec-Bench); where
 # verifying costs little more, as on a GPU, 10 (transformers' and Spec-Bench's choice) pays.
 DEFAULT_DRAFT_TOKENS = 3
 

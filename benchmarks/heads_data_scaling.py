@@ -1,0 +1,88 @@
+"""Would more data close the heads' gap? Trains fresh MTP heads (the shipped architecture and
+reduced vocabulary, `mtp_viz.training.heads`' losses) on a quarter, a half and all of the cached
+training sequences (`python -m mtp_viz train data`), the same number of steps each, and reports
+depth-1 top-1 agreement with the target, teacher-forced, on the training run's validation split
+and on the target's greedy answers to Spec-Bench prompts (as `heads_variants.py`):
+
+    .venv/bin/python benchmarks/heads_data_scaling.py [--steps 400] [--fractions 0.25,0.5,1]
+
+The slope over doublings of the data is what a larger data set could be expected to buy.
+"""
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from mtp_viz.drafters.heads import HeadsSpec, build_heads, trained_parameters
+from mtp_viz.models import cache_root, load_heads_for, load_model, quiet_transformers
+from mtp_viz.training.data import load_sequences
+from mtp_viz.training.heads import HeadsTrainConfig, losses, positions
+from mtp_viz.training.loop import LoopConfig, lr_at, seed_everything
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from heads_variants import MODEL, agreement, shipped_forward, spec_bench_answers  # noqa: E402
+
+
+def train_fresh(target, spec: HeadsSpec, vocab: torch.Tensor, seqs, steps: int, cfg: HeadsTrainConfig):
+    seed_everything(0)
+    heads = build_heads(target.model, spec, vocab).train()
+    data = positions(seqs, heads.head.index.cpu(), cfg.depth)
+    params = trained_parameters(heads)
+    optimizer = torch.optim.AdamW(params.values(), lr=cfg.loop.lr)
+    g = torch.Generator().manual_seed(0)
+    n = len(data.record)
+    order = torch.cat([torch.randperm(n, generator=g) for _ in range(steps * cfg.positions_per_batch // n + 1)])
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, steps, cfg.loop)
+        rows = order[step * cfg.positions_per_batch : (step + 1) * cfg.positions_per_batch]
+        loss, _ = losses(heads, data, rows, cfg)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params.values(), cfg.loop.grad_clip)
+        optimizer.step()
+    return heads.eval(), n
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--fractions", default="0.25,0.5,1")
+    args = p.parse_args()
+    quiet_transformers()
+    target = load_model(MODEL, "cpu", "float32")
+    _, shipped = load_heads_for(target)
+    spec, vocab = shipped.spec, shipped.head.ids.cpu()
+    h, index = spec.hidden_size, shipped.head.index.cpu()
+    data = cache_root() / "train" / target.name
+    train = list(load_sequences(data, 20, holdout=False))
+    val = list(load_sequences(data, 20, holdout=True))
+    bench = spec_bench_answers(target, 3)
+    cfg = HeadsTrainConfig(loop=LoopConfig(epochs=1, lr=1e-3))
+    cfg = replace(cfg, loop=replace(cfg.loop, warmup_steps=min(cfg.loop.warmup_steps, args.steps // 4)))
+    perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(0)).tolist()
+    print(f"{len(train)} training sequences; {args.steps} steps of {cfg.positions_per_batch} positions each run")
+    print(
+        "shipped heads: validation {:.3f}, Spec-Bench answers {:.3f}".format(
+            *(agreement(lambda f, t: shipped_forward(shipped, f, t), shipped.head, s, index, h) for s in (val, bench))
+        )
+    )
+    for fraction in (float(f) for f in args.fractions.split(",")):
+        subset = [train[i] for i in perm[: round(fraction * len(train))]]
+        started = time.perf_counter()
+        heads, n = train_fresh(target, spec, vocab, subset, args.steps, cfg)
+        fn = lambda f, t, heads=heads: shipped_forward(heads, f, t)  # noqa: E731
+        print(
+            f"fraction {fraction:g}: {len(subset)} sequences, {n} positions, {time.perf_counter() - started:.0f} s: "
+            f"validation {agreement(fn, heads.head, val, index, h):.3f}, "
+            f"Spec-Bench answers {agreement(fn, heads.head, bench, index, h):.3f}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
