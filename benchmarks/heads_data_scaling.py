@@ -6,7 +6,8 @@ and on the target's greedy answers to Spec-Bench prompts (as `heads_variants.py`
 
     .venv/bin/python benchmarks/heads_data_scaling.py [--steps 400] [--fractions 0.25,0.5,1]
 
-The slope over doublings of the data is what a larger data set could be expected to buy.
+The slope over doublings of the data is what a larger data set could be expected to buy. As in
+`heads_variants.py`, agreement counts only positions whose token is in the reduced vocabulary.
 """
 
 import argparse
