@@ -12,6 +12,7 @@ The slope over doublings of the data is what a larger data set could be expected
 
 import argparse
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -22,30 +23,31 @@ from mtp_viz.drafters.heads import HeadsSpec, build_heads, trained_parameters
 from mtp_viz.models import cache_root, load_heads_for, load_model, quiet_transformers
 from mtp_viz.training.data import load_sequences
 from mtp_viz.training.heads import HeadsTrainConfig, losses, positions
-from mtp_viz.training.loop import LoopConfig, lr_at, seed_everything
+from mtp_viz.training.loop import LoopConfig, seed_everything, train
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from heads_variants import MODEL, agreement, shipped_forward, spec_bench_answers  # noqa: E402
 
 
 def train_fresh(target, spec: HeadsSpec, vocab: torch.Tensor, seqs, steps: int, cfg: HeadsTrainConfig):
+    """Fresh heads trained `steps` batches by the package's own loop (checkpoints in a temp folder)."""
     seed_everything(0)
     heads = build_heads(target.model, spec, vocab).train()
     data = positions(seqs, heads.head.index.cpu(), cfg.depth)
-    params = trained_parameters(heads)
-    optimizer = torch.optim.AdamW(params.values(), lr=cfg.loop.lr)
+    n, size = len(data.record), cfg.positions_per_batch
     g = torch.Generator().manual_seed(0)
-    n = len(data.record)
-    order = torch.cat([torch.randperm(n, generator=g) for _ in range(steps * cfg.positions_per_batch // n + 1)])
-    for step in range(steps):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, steps, cfg.loop)
-        rows = order[step * cfg.positions_per_batch : (step + 1) * cfg.positions_per_batch]
-        loss, _ = losses(heads, data, rows, cfg)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params.values(), cfg.loop.grad_clip)
-        optimizer.step()
+    order = torch.cat([torch.randperm(n, generator=g) for _ in range(steps * size // n + 1)])
+    batches = list(order[: steps * size].view(steps, size))
+    with tempfile.TemporaryDirectory() as runs:
+        train(
+            trained_parameters(heads),
+            lambda epoch: batches,
+            lambda rows: losses(heads, data, rows, cfg),
+            dict,  # no validation during the run: agreement is measured after it
+            Path(runs),
+            cfg.loop,
+            log=lambda _: None,
+        )
     return heads.eval(), n
 
 
@@ -63,7 +65,7 @@ def main() -> None:
     train = list(load_sequences(data, 20, holdout=False))
     val = list(load_sequences(data, 20, holdout=True))
     bench = spec_bench_answers(target, 3)
-    cfg = HeadsTrainConfig(loop=LoopConfig(epochs=1, lr=1e-3))
+    cfg = HeadsTrainConfig(loop=LoopConfig(epochs=1, lr=1e-3, weight_decay=0.01))  # AdamW's default decay
     cfg = replace(cfg, loop=replace(cfg.loop, warmup_steps=min(cfg.loop.warmup_steps, args.steps // 4)))
     perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(0)).tolist()
     print(f"{len(train)} training sequences; {args.steps} steps of {cfg.positions_per_batch} positions each run")

@@ -33,6 +33,7 @@ import time
 import torch
 from torch import nn
 from torch.nn import functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from mtp_viz.models import cache_root, encode_prompt, load_heads_for, load_model, quiet_transformers
 from mtp_viz.prompts import spec_bench
@@ -45,14 +46,6 @@ TOKENS_PER_BATCH = 2048
 SPEC_BENCH_PER_CATEGORY = 3
 
 
-def rope(x: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (Llama layout) of x (..., L, d) at positions 0..L-1."""
-    angles = torch.arange(x.shape[-2]).float()[:, None] * inv_freq[None]
-    cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
-
-
 class AttentionHeads(nn.Module):
     """The shipped heads' block with a causal attention layer over the sequence of entries."""
 
@@ -63,7 +56,7 @@ class AttentionHeads(nn.Module):
         self.nh, self.nkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.hd = h // self.nh
         self.shipped = shipped  # its embed (frozen), head (frozen) and started-from weights
-        self.register_buffer("inv_freq", target.model.rotary_emb.inv_freq.float().clone(), persistent=False)
+        self.rotary = target.model.rotary_emb  # the target's own rotary embedding (no parameters)
         eps = cfg.rms_norm_eps
         self.extra_norms = nn.ModuleList(nn.RMSNorm(h, eps=eps) for _ in range(extra_layers))
         self.norm_hidden, self.norm_token = nn.RMSNorm(h, eps=eps), nn.RMSNorm(h, eps=eps)
@@ -102,9 +95,10 @@ class AttentionHeads(nn.Module):
         parts += [norm(features[..., (j + 1) * h : (j + 2) * h]) for j, norm in enumerate(self.extra_norms)]
         x = self.fuse(torch.cat(parts, -1))
         y = self.norm_attn(x)
-        q = rope(self.q(y).view(b, length, self.nh, self.hd).transpose(1, 2), self.inv_freq)
-        k = rope(self.k(y).view(b, length, self.nkv, self.hd).transpose(1, 2), self.inv_freq)
+        q = self.q(y).view(b, length, self.nh, self.hd).transpose(1, 2)
+        k = self.k(y).view(b, length, self.nkv, self.hd).transpose(1, 2)
         v = self.v(y).view(b, length, self.nkv, self.hd).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *self.rotary(v, torch.arange(length)[None]))
         rep = self.nh // self.nkv
         a = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True)
         x = x + self.o(a.transpose(1, 2).reshape(b, length, -1))

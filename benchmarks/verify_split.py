@@ -35,35 +35,22 @@ def main() -> None:
     ctx = DecodeContext.__new__(DecodeContext)  # only what verify_tree reads
     ctx.generation, ctx.record_probs = GenerationSettings(), True
 
-    def plain():
-        with torch.inference_mode():
-            cached.forward(seq)
-        cached.rollback(base)
+    def forward(feed):
+        """A timed variant: one forward from the fixed cache, then back to it."""
 
-    def plain_k(k):
         def run():
             with torch.inference_mode():
-                cached.forward(seq + [5] * (k - 1), logits_to_keep=k)
+                feed()
             cached.rollback(base)
 
         return run
-
-    def hidden_only():
-        with torch.inference_mode():
-            cached.forward_hidden(seq)
-        cached.rollback(base)
 
     def tree(parents):
-        def run():
-            with torch.inference_mode():
-                cached.forward_hidden(seq, [5] * len(parents), node_depths(parents), tree_visibility(parents))
-            cached.rollback(base)
-
-        return run
+        return lambda: cached.forward_hidden(seq, [5] * len(parents), node_depths(parents), tree_visibility(parents))
 
     def accept(parents):
         with torch.inference_mode():
-            logits, _ = cached.forward_hidden(seq, [5] * len(parents), node_depths(parents), tree_visibility(parents))
+            logits, _ = tree(parents)()
         cached.rollback(base)
 
         def run():
@@ -72,9 +59,15 @@ def main() -> None:
 
         return run
 
-    variants = {"plain forward": plain, "forward_hidden, no extra": hidden_only}
-    variants |= {f"plain causal forward, {k} tokens": plain_k(k) for k in (2, 3, 4, 5)}
-    variants |= {f"forward_hidden, {k}": tree(v) for k, v in shapes.items()}
+    variants = {
+        "plain forward": forward(lambda: cached.forward(seq)),
+        "forward_hidden, no extra": forward(lambda: cached.forward_hidden(seq)),
+    }
+    variants |= {
+        f"plain causal forward, {k} tokens": forward(lambda k=k: cached.forward(seq + [5] * (k - 1), logits_to_keep=k))
+        for k in (2, 3, 4, 5)
+    }
+    variants |= {f"forward_hidden, {k}": forward(tree(v)) for k, v in shapes.items()}
     variants |= {f"accept rule, {k}": accept(v) for k, v in shapes.items()}
     times = {k: [] for k in variants}
     for fn in variants.values():
