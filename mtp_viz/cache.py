@@ -11,8 +11,12 @@ a tree: their own ancestors, at position = the root's position + depth). `keep` 
 key/values of the accepted tokens alone, so the cache again holds one plain sequence.
 """
 
+import os
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
+
+from mtp_viz.lean import lean_model
 
 
 def node_depths(parents: list[int]) -> list[int]:
@@ -47,31 +51,90 @@ def causal_after(past: int, n: int) -> torch.Tensor:
     return allowed
 
 
+ENGINE_ENV = "MTP_VIZ_ENGINE"
+LEAN, TRANSFORMERS = "lean", "transformers"
+ENGINES = (LEAN, TRANSFORMERS)
+
+
+def engine_for(model: PreTrainedModel) -> str:
+    """`lean` where the lean forward supports the model (unless MTP_VIZ_ENGINE=transformers)."""
+    wanted = os.environ.get(ENGINE_ENV, LEAN).strip().lower()
+    return LEAN if wanted != TRANSFORMERS and lean_model(model) is not None else TRANSFORMERS
+
+
+class LeanBackend:
+    """The lean forward (mtp_viz.lean) over a preallocated cache: rollback is free."""
+
+    def __init__(self, model: PreTrainedModel):
+        self.lean = lean_model(model)
+        self.kv = self.lean.new_cache()
+
+    def run(self, ids: list[int], positions: list[int], past: int, allowed: torch.Tensor | None) -> torch.Tensor:
+        hidden = self.lean.embed(torch.tensor(ids, dtype=torch.long, device=self.lean.device))
+        return self.lean.norm(self.lean.run(hidden, positions, self.kv, past, allowed))
+
+    def keep(self, start: int, rows: list[int]) -> None:
+        self.kv.move(start, rows)
+
+    def rollback(self, length: int, cached: int) -> None:
+        pass  # slots past `length` are overwritten before they are read again
+
+
+class TransformersBackend:
+    """transformers' own decoder forward with its DynamicCache: any architecture."""
+
+    def __init__(self, model: PreTrainedModel):
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+
+    def run(self, ids: list[int], positions: list[int], past: int, allowed: torch.Tensor | None) -> torch.Tensor:
+        device = self.model.device
+        out = self.model.get_decoder()(
+            input_ids=torch.tensor([ids], dtype=torch.long, device=device),
+            attention_mask=None if allowed is None else additive_mask(allowed, self.model.dtype, device),
+            position_ids=torch.tensor([positions], dtype=torch.long, device=device),
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        return out.last_hidden_state[0]  # (S, H), after the final norm
+
+    def keep(self, start: int, rows: list[int]) -> None:
+        index = torch.tensor([start + r for r in rows], dtype=torch.long, device=self.model.device)
+        n = len(rows)
+        for layer in self.cache.layers:
+            if layer.is_initialized and layer.keys.numel():
+                layer.keys[..., start : start + n, :] = layer.keys.index_select(-2, index)
+                layer.values[..., start : start + n, :] = layer.values.index_select(-2, index)
+
+    def rollback(self, length: int, cached: int) -> None:
+        self.cache.crop(length - cached)
+
+
 class CachedModel:
     def __init__(self, model: PreTrainedModel, vocab_size: int | None = None):
         self.model = model
         self.device = model.device
         self.vocab_size = vocab_size or model.config.vocab_size
-        self.cache = DynamicCache(config=model.config)
+        self.engine = engine_for(model)
+        self.backend = LeanBackend(model) if self.engine == LEAN else TransformersBackend(model)
+        self.head = model.get_output_embeddings()
         self.length = 0  # tokens whose key/values are cached
         self.forwards = 0
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(hidden)[:, : self.vocab_size].float()
 
     @torch.inference_mode()
     def forward(self, seq: list[int], logits_to_keep: int = 1) -> torch.Tensor:
         """Feed `seq[self.length:]`; return logits of its last `logits_to_keep` positions: (n, V)."""
         new = seq[self.length :]
         assert new, "forward needs at least one token the cache has not seen"
-        logits_to_keep = min(logits_to_keep, len(new))
-        input_ids = torch.tensor([new], dtype=torch.long, device=self.device)  # (1, S)
-        out = self.model(
-            input_ids=input_ids,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-        )
+        past, n = self.length, len(new)
+        allowed = causal_after(past, n) if n > 1 else None
+        hidden = self.backend.run(new, list(range(past, past + n)), past, allowed)
         self.length = len(seq)
         self.forwards += 1
-        return out.logits[0, :, : self.vocab_size].float()  # (logits_to_keep, V)
+        return self._logits(hidden[-min(logits_to_keep, n) :])  # (logits_to_keep, V)
 
     @torch.inference_mode()
     def forward_hidden(
@@ -93,40 +156,28 @@ class CachedModel:
         assert chain, "forward needs at least one token the cache has not seen"
         past, c, n = self.length, len(chain), len(extra)
         positions = list(range(past, past + c)) + [past + c - 1 + o for o in offsets]
-        mask = None
+        allowed = None
         if n:
             allowed = torch.zeros(c + n, past + c + n, dtype=torch.bool)
             allowed[:, : past + c] = True
             allowed[:c, : past + c] = causal_after(past, c)
             allowed[c:, past + c :] = visibility
-            mask = additive_mask(allowed, self.model.dtype, self.device)  # (1, 1, c+n, past+c+n)
-        out = self.model.get_decoder()(
-            input_ids=torch.tensor([chain + list(extra)], dtype=torch.long, device=self.device),
-            attention_mask=mask,
-            position_ids=torch.tensor([positions], dtype=torch.long, device=self.device),
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        hidden = out.last_hidden_state[0, c - 1 :]  # (1+n, H)
-        logits = self.model.get_output_embeddings()(hidden)[:, : self.vocab_size].float()
+        elif c > 1:
+            allowed = causal_after(past, c)
+        hidden = self.backend.run(chain + list(extra), positions, past, allowed)[c - 1 :]  # (1+n, H)
         self.length = past + c + n
         self.forwards += 1
-        return logits, hidden
+        return self._logits(hidden), hidden
 
     def keep(self, start: int, rows: list[int]) -> None:
         """Keep the cache up to `start`, then only the entries at start + r for r in rows (in order)."""
-        n = len(rows)
-        if list(rows) != list(range(n)):  # move the kept entries into place; the prefix stays put
-            index = torch.tensor([start + r for r in rows], dtype=torch.long, device=self.device)
+        if list(rows) != list(range(len(rows))):  # move the kept entries into place; the prefix stays put
             with torch.inference_mode():  # the cache's tensors were made in inference mode
-                for layer in self.cache.layers:
-                    if layer.is_initialized and layer.keys.numel():
-                        layer.keys[..., start : start + n, :] = layer.keys.index_select(-2, index)
-                        layer.values[..., start : start + n, :] = layer.values.index_select(-2, index)
-        self.rollback(start + n)
+                self.backend.keep(start, list(rows))
+        self.rollback(start + len(rows))
 
     def rollback(self, length: int) -> None:
         """Forget the cached key/values of every position >= `length`."""
         if length < self.length:
-            self.cache.crop(length - self.length)
+            self.backend.rollback(length, self.length)
             self.length = length

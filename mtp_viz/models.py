@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from mtp_viz.drafters.draft import load_draft
 from mtp_viz.drafters.heads import MTPHeads, load_heads
 from mtp_viz.errors import IncompatibleDraftError, UnknownModelError, UserError
-from mtp_viz.kernels import use_fast_linears
+from mtp_viz.kernels import tune, use_fast_linears
 from mtp_viz.registry import ModelEntry, Source, load_registry
 
 log = logging.getLogger(__name__)
@@ -272,7 +272,7 @@ def _wrap(name, model, tok, chat: bool, source: str) -> LoadedModel:
     if tok is not None and tok.eos_token_id is not None:
         eos_ids.add(tok.eos_token_id)
     if model.device.type == "cpu" and model.dtype == torch.float32:  # elsewhere F.linear is left alone
-        use_fast_linears(model)
+        use_fast_linears(model, tune(model))
     return LoadedModel(name, model, tok, chat and tok is not None, frozenset(eos_ids), source)
 
 

@@ -4,6 +4,7 @@ edge cases that make it equal autoregressive decoding (τ = 1, k = 1)."""
 import pytest
 from conftest import OracleHeads, decode, tiny_model
 
+from mtp_viz.cache import CachedModel
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.strategies.conf_adapt import ConfAdaptSettings, emit_count, mask_ids
@@ -33,25 +34,23 @@ def test_settings_are_checked():
 
 
 class Recorder:
-    """Wraps a model's forward to record what each call fed: ids and cache length before."""
+    """Wraps CachedModel.forward to record what each call fed: the unseen ids and the cache length."""
 
-    def __init__(self, model):
+    def __init__(self, monkeypatch):
         self.calls = []
-        self.model = model
-        self._forward = model.forward
+        real = CachedModel.forward
 
-        def forward(*args, **kwargs):
-            cache = kwargs["past_key_values"]
-            self.calls.append((kwargs["input_ids"][0].tolist(), cache.get_seq_length()))
-            return self._forward(*args, **kwargs)
+        def forward(cached, seq, *args, **kwargs):
+            self.calls.append((list(seq[cached.length :]), cached.length))
+            return real(cached, seq, *args, **kwargs)
 
-        model.forward = forward
+        monkeypatch.setattr(CachedModel, "forward", forward)
 
 
 @pytest.mark.parametrize("layout", ["repeat", "offset"])
-def test_mask_token_input_layout_and_cache(layout):
+def test_mask_token_input_layout_and_cache(layout, monkeypatch):
     model = tiny_model("llama-2l", seed=0)
-    rec = Recorder(model)
+    rec = Recorder(monkeypatch)
     out, steps = decode(
         model,
         "conf_adapt",

@@ -5,7 +5,8 @@ heads, have the same tests in test_mtp_heads.py.)"""
 import pytest
 from conftest import TINY_CONFIGS, decode, hf_greedy, perturbed, tiny_model
 
-from mtp_viz.kernels import use_fast_linears
+from mtp_viz.cache import ENGINE_ENV, ENGINES
+from mtp_viz.kernels import FIXED_PLAN, STOCK_PLAN, use_fast_linears
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import VERDICT_ACCEPTED, VERDICT_REJECTED
 
@@ -62,14 +63,15 @@ def _lossless_runs(model, draft, generation, eos=()):
         )
 
 
-@pytest.mark.parametrize("fast", [False, True], ids=["stock-linear", "fast-linear"])
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("plan", [STOCK_PLAN, FIXED_PLAN], ids=["stock-linear", "fast-linear"])
 @pytest.mark.parametrize("name,seed", CASES)
-def test_greedy_identical_to_autoregressive_and_generate(name, seed, fast):
+def test_greedy_identical_to_autoregressive_and_generate(name, seed, plan, engine, monkeypatch):
+    monkeypatch.setenv(ENGINE_ENV, engine)
     model = tiny_model(name, seed=seed)
     draft = perturbed(model, noise=0.2, seed=seed + 10)
-    if fast:  # as loaded models run on a CPU (mtp_viz.kernels)
-        use_fast_linears(model)
-        use_fast_linears(draft)
+    use_fast_linears(model, plan)  # each linear path forced, as loaded models run on a CPU
+    use_fast_linears(draft, plan)
     generation = GenerationSettings(max_new_tokens=40)
     reference, _ = decode(model, "autoregressive", PROMPT, generation)
     assert reference == hf_greedy(model, PROMPT, 40)

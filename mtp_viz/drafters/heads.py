@@ -24,7 +24,7 @@ from transformers import PreTrainedModel
 
 from mtp_viz.drafters.vocab import ReducedHead
 from mtp_viz.errors import UserError
-from mtp_viz.kernels import use_fast_linears
+from mtp_viz.kernels import plan_of, use_fast_linears
 
 SPEC_FILE = "heads.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -57,7 +57,6 @@ class MTPHeads(nn.Module):
         self.up = nn.Linear(h, i, bias=False)
         self.down = nn.Linear(i, h, bias=False)
         self.norm_out = nn.RMSNorm(h, eps=spec.eps)
-        use_fast_linears(self)
 
     def step(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """hidden (N, H) at position t, tokens (N,) = x_{t+1} → predicted hidden (N, H) at t+1."""
@@ -91,6 +90,7 @@ def build_heads(target: PreTrainedModel, spec: HeadsSpec, vocab_ids: torch.Tenso
     """New heads, started near the identity on the hidden path with the target's last MLP block."""
     head = ReducedHead(target.lm_head.weight, vocab_ids.to(target.device), spec.vocab_size)
     heads = MTPHeads(spec, target.model.embed_tokens, head).to(device=target.device, dtype=target.dtype)
+    use_fast_linears(heads, plan_of(target))  # the target's linear path (measured on its shapes)
     h = spec.hidden_size
     last = target.model.layers[-1]
     with torch.no_grad():
@@ -127,6 +127,7 @@ def load_heads(target: PreTrainedModel, path: Path) -> MTPHeads:
     tensors = load_file(path / WEIGHTS_FILE)
     head = ReducedHead(target.lm_head.weight, tensors.pop("vocab_ids").long().to(target.device), spec.vocab_size)
     heads = MTPHeads(spec, target.model.embed_tokens, head).to(device=target.device, dtype=target.dtype)
+    use_fast_linears(heads, plan_of(target))
     params = trained_parameters(heads)
     with torch.no_grad():
         for name, value in tensors.items():

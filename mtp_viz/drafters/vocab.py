@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from mtp_viz.kernels import fast_linear
+from mtp_viz.kernels import STOCK_PLAN, fast_linear
 
 
 class ReducedHead(nn.Module):
@@ -20,6 +20,7 @@ class ReducedHead(nn.Module):
 
     def __init__(self, full_weight: torch.Tensor, ids: torch.Tensor, vocab_size: int):
         super().__init__()
+        self.plan = STOCK_PLAN  # the linear path (mtp_viz.kernels), set with the model's
         self.vocab_size = vocab_size
         self.register_buffer("ids", ids.long(), persistent=False)
         self.weight = nn.Parameter(full_weight.detach()[ids.long()].clone(), requires_grad=False)  # (V', H)
@@ -29,7 +30,7 @@ class ReducedHead(nn.Module):
 
     def reduced(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) → (..., V') logits over the subset."""
-        return fast_linear(hidden, self.weight)
+        return fast_linear(hidden, self.weight, plan=self.plan)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) → (..., V) logits, −inf for tokens outside the subset."""

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
-from mtp_viz.cache import additive_mask, causal_after
+from mtp_viz.cache import causal_after
 from mtp_viz.errors import UserError
+from mtp_viz.lean import lean_model, supports
 from mtp_viz.sampling import probs_from_logits, sample
 from mtp_viz.strategies.base import DecodeContext, StrategySpec, chain_drafts, check_settings, setting, verify_chain
 from mtp_viz.trace import Step
@@ -42,57 +42,44 @@ class SplitModel:
     """One model run as two stacks of layers over one KV cache: lower (0..L−1), upper (L..N−1)."""
 
     def __init__(self, model, exit_layer: int, vocab_size: int):
-        decoder = model.get_decoder()
-        self.layers = decoder.layers
-        if not 1 <= exit_layer < len(self.layers):
-            raise UserError(f"exit_layer must be from 1 to {len(self.layers) - 1} for this model, got {exit_layer}")
-        self.decoder, self.head, self.exit = decoder, model.get_output_embeddings(), exit_layer
+        self.lean = lean_model(model)
+        if self.lean is None:
+            raise UserError(f"self-speculative decoding needs a Llama-family model: {supports(model)}")
+        layers = len(self.lean.layers)
+        if not 1 <= exit_layer < layers:
+            raise UserError(f"exit_layer must be from 1 to {layers - 1} for this model, got {exit_layer}")
+        self.exit, self.layers = exit_layer, layers
         self.vocab_size = vocab_size
-        self.device, self.dtype = model.device, model.dtype
-        self.cache = DynamicCache(config=model.config)
+        self.kv = self.lean.new_cache()
         self.lower_len = self.upper_len = 0  # cached positions in the lower and upper layers
 
-    def _run(self, hidden: torch.Tensor, layers: range, past: int) -> torch.Tensor:
-        n = hidden.shape[1]
-        positions = torch.arange(past, past + n, device=self.device)[None]  # (1, n)
-        mask = additive_mask(causal_after(past, n), self.dtype, self.device) if n > 1 else None
-        rotary = self.decoder.rotary_emb(hidden, positions)
-        for i in layers:
-            hidden = self.layers[i](
-                hidden,
-                attention_mask=mask,
-                position_embeddings=rotary,
-                position_ids=positions,
-                past_key_values=self.cache,
-                use_cache=True,
-            )
-        return hidden
+    def _run(self, hidden: torch.Tensor, layers: tuple[int, int], past: int) -> torch.Tensor:
+        n = hidden.shape[0]
+        allowed = causal_after(past, n) if n > 1 else None
+        return self.lean.run(hidden, list(range(past, past + n)), self.kv, past, allowed, layers)
 
     @torch.inference_mode()
     def lower(self, tokens: list[int]) -> torch.Tensor:
-        """Embed `tokens` and run the early layers: hidden states at layer L (1, n, H)."""
-        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        out = self._run(self.decoder.embed_tokens(ids), range(self.exit), self.lower_len)
+        """Embed `tokens` and run the early layers: hidden states at layer L (n, H)."""
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.lean.device)
+        out = self._run(self.lean.embed(ids), (0, self.exit), self.lower_len)
         self.lower_len += len(tokens)
         return out
 
     @torch.inference_mode()
     def upper(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Run the late layers on layer-L hidden states (1, n, H); logits (n, V)."""
-        out = self._run(hidden, range(self.exit, len(self.layers)), self.upper_len)
-        self.upper_len += hidden.shape[1]
-        return self.logits(out[0])
+        """Run the late layers on layer-L hidden states (n, H); logits (n, V)."""
+        out = self._run(hidden, (self.exit, self.layers), self.upper_len)
+        self.upper_len += hidden.shape[0]
+        return self.logits(out)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The final norm and head on (n, H): the early exit's logits at layer L, or the model's own."""
-        return self.head(self.decoder.norm(hidden))[:, : self.vocab_size].float()
+        return self.lean.logits(self.lean.norm(hidden))[:, : self.vocab_size].float()
 
     def crop(self, length: int) -> None:
-        for layer in self.cache.layers:
-            cached = layer.get_seq_length() if layer.is_initialized else 0
-            if cached > length:
-                layer.crop(length - cached)
+        """Both stacks forget every position >= length (the slots are simply overwritten later)."""
         self.lower_len, self.upper_len = min(self.lower_len, length), min(self.upper_len, length)
 
 
@@ -102,9 +89,9 @@ def propose(ctx: DecodeContext, model: SplitModel, root: int, k: int):
     ids, dists, q, states = [], [], [], []
     token = root
     for _ in range(k):
-        h = model.lower([token])  # (1, 1, H)
+        h = model.lower([token])  # (1, H)
         states.append(h)
-        logits = model.logits(h[0])[0]  # (V,)
+        logits = model.logits(h)[0]  # (V,)
         if ctx.warp.greedy:
             token = int(torch.argmax(logits))
             q.append(float(torch.softmax(logits, -1)[token]) if ctx.record_probs else None)
@@ -115,7 +102,7 @@ def propose(ctx: DecodeContext, model: SplitModel, root: int, k: int):
             q.append(float(probs[token]))
         ids.append(token)
     states.append(model.lower([token]) if k else model.lower([root]))  # the last guess through the early layers too
-    return ids, (torch.stack(dists) if dists else None), q, torch.cat(states[: k + 1], dim=1)
+    return ids, (torch.stack(dists) if dists else None), q, torch.cat(states[: k + 1])
 
 
 def run(ctx: DecodeContext, settings: SelfSpeculativeSettings) -> Iterator[Step]:

@@ -1,0 +1,81 @@
+"""What machine this is: for the trace and bench records, and as the key of choices measured here.
+
+A figure means little without the hardware it was measured on, and a kernel choice measured on
+one CPU can halve the speed of another, so both travel with `machine_info()`.
+"""
+
+import hashlib
+import os
+import platform
+import re
+from functools import cache
+
+import torch
+import transformers
+
+
+@cache
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@cache
+def cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return ""
+
+
+def gpu_name(device: torch.device | str | None = None) -> str | None:
+    if not torch.cuda.is_available():
+        return None
+    device = torch.device(device or "cuda")
+    return torch.cuda.get_device_name(device if device.type == "cuda" else None)
+
+
+def blas() -> str:
+    """The BLAS torch was built with, as its build config names it (e.g. oneMKL 2024.2)."""
+    config = torch.__config__.show()
+    for line in config.splitlines():
+        if "Math Kernel Library Version" in line or "OpenBLAS" in line:
+            return line.strip().lstrip("- ").replace("Intel(R) oneAPI Math Kernel Library", "oneMKL")
+    found = re.search(r"BLAS_INFO=(\w+)", config)
+    return found.group(1) if found else "unknown"
+
+
+def machine_info(device: torch.device | str | None = None) -> dict:
+    """The machine a figure was measured on (plain data, for JSON)."""
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "gpu": gpu_name(device) if device is None or torch.device(device).type == "cuda" else None,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "blas": blas(),
+    }
+
+
+def machine_key() -> str:
+    """A short stable key of what decides kernel speed here: CPU model and flags, threads, torch, BLAS."""
+    parts = (cpu_model(), cpu_flags(), str(torch.get_num_threads()), torch.__version__, torch.__config__.show())
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def machine_label(info: dict) -> str:
+    """ "AMD EPYC, 2 threads" or "NVIDIA H200": how figures name their machine."""
+    if info.get("gpu"):
+        return str(info["gpu"])
+    return f"{info.get('cpu', 'unknown CPU')}, {info.get('threads', '?')} threads"
