@@ -22,8 +22,11 @@ a static rotary embedding. Anything else runs on transformers' own forward (`sup
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 from torch.nn import functional as F
 from transformers import PreTrainedModel
+
+from mtp_viz.kernels import Plan, fast_linear, plan_of
 
 SUPPORTED_ROPE = ("default", "linear", "llama3")  # position tables that do not depend on length
 MIN_CAPACITY = 256
@@ -39,6 +42,8 @@ def supports(model: PreTrainedModel) -> str | None:
     needed = ("q_proj", "k_proj", "v_proj", "o_proj")
     if not all(hasattr(attn, n) for n in needed) or not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj")):
         return f"{type(model).__name__}'s layers are not Llama-style"
+    if not hasattr(layers[0].input_layernorm, "variance_epsilon"):
+        return f"{type(model).__name__}'s norms are not RMSNorms"
     if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
         return f"{type(model).__name__} normalises queries and keys"
     if any(t != "full_attention" for t in getattr(model.config, "layer_types", None) or ()):
@@ -82,6 +87,49 @@ class StaticKV:
 
 
 @dataclass
+class Fused:
+    """One layer's projections that read the same input, as one weight each: q|k|v and gate|up.
+
+    The model's own modules keep their parameters, as views into these tensors (no second copy),
+    so state dicts, training and FastLinear see what they saw before."""
+
+    qkv: torch.Tensor  # (q + 2·kv, H)
+    qkv_bias: torch.Tensor | None
+    gate_up: torch.Tensor  # (2·I, H)
+    plan: Plan
+
+
+def fuse(layer) -> Fused | None:
+    """Fuse a layer's q/k/v and gate/up weights in place (their modules' weights become views);
+    None when they cannot be (adapters or other wrappers on them, mixed biases or placements)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv_mods, gu_mods = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
+    mods = qkv_mods + gu_mods
+    if not all(isinstance(m, nn.Linear) for m in mods):
+        return None
+    if len({(m.weight.device, m.weight.dtype) for m in mods}) != 1 or gu_mods[0].bias is not None:
+        return None
+    biases = [m.bias for m in qkv_mods]
+    if any(b is None for b in biases) and not all(b is None for b in biases):
+        return None
+    with torch.no_grad():
+        qkv = _fuse_into([m.weight for m in qkv_mods])
+        qkv_bias = None if biases[0] is None else _fuse_into(biases)
+        gate_up = _fuse_into([m.weight for m in gu_mods])
+    return Fused(qkv, qkv_bias, gate_up, plan_of(layer))
+
+
+def _fuse_into(params: list[nn.Parameter]) -> torch.Tensor:
+    """Concatenate parameters along dim 0 and make each one a view of its rows of the result."""
+    whole = torch.cat([p.data for p in params])
+    row = 0
+    for p in params:
+        p.data = whole[row : row + p.shape[0]]
+        row += p.shape[0]
+    return whole
+
+
+@dataclass
 class LeanModel:
     """A Llama-family model's modules, run lean. One per model (see `lean_model`); stateless
     between calls except for the rotary tables, which grow with the longest position seen."""
@@ -101,6 +149,15 @@ class LeanModel:
         self.head = self.model.get_output_embeddings()
         self.device, self.dtype = self.model.device, self.model.dtype
         self.cos = self.sin = torch.empty(0, self.head_dim, device=self.device, dtype=self.dtype)
+        self.q_size, self.kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        self.fused = [fuse(layer) for layer in self.layers]
+
+    def current(self) -> bool:
+        """False once the model's weights were moved or replaced (the fused views went stale)."""
+        return all(
+            f is None or layer.self_attn.q_proj.weight.data_ptr() == f.qkv.data_ptr()
+            for layer, f in zip(self.layers, self.fused, strict=True)
+        ) and self.device == self.model.device
 
     def new_cache(self, capacity: int = MIN_CAPACITY) -> StaticKV:
         return StaticKV(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device, capacity)
@@ -160,12 +217,17 @@ class LeanModel:
         capacity, d); attention over slots 0..end−1 under mask (1, 1, S, end) or none."""
         s = hidden.shape[0]
         for i in range(first, last):
-            layer = self.layers[i]
-            attn = layer.self_attn
-            x = layer.input_layernorm(hidden)  # (S, H)
-            q = attn.q_proj(x).view(s, self.heads, self.head_dim).transpose(0, 1)  # (h, S, d)
-            k = attn.k_proj(x).view(s, self.kv_heads, self.head_dim).transpose(0, 1)  # (kv, S, d)
-            v = attn.v_proj(x).view(s, self.kv_heads, self.head_dim).transpose(0, 1)
+            layer, fused = self.layers[i], self.fused[i]
+            attn, mlp = layer.self_attn, layer.mlp
+            x = rms_norm(layer.input_layernorm, hidden)  # (S, H)
+            if fused is not None:
+                qkv = fast_linear(x, fused.qkv, fused.qkv_bias, fused.plan)  # (S, q + 2kv)
+                q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+            else:
+                q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+            q = q.reshape(s, self.heads, self.head_dim).transpose(0, 1)  # (h, S, d)
+            k = k.reshape(s, self.kv_heads, self.head_dim).transpose(0, 1)  # (kv, S, d)
+            v = v.reshape(s, self.kv_heads, self.head_dim).transpose(0, 1)
             kv[i, 0].index_copy_(1, slots, rotate(k, cos, sin))
             kv[i, 1].index_copy_(1, slots, v)
             out = F.scaled_dot_product_attention(
@@ -176,10 +238,13 @@ class LeanModel:
                 scale=self.scaling,
                 enable_gqa=self.heads != self.kv_heads,
             )  # (1, h, S, d)
-            hidden = hidden + attn.o_proj(out[0].transpose(0, 1).reshape(s, self.heads * self.head_dim))
-            x = layer.post_attention_layernorm(hidden)
-            mlp = layer.mlp
-            hidden = hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+            hidden = hidden + attn.o_proj(out[0].transpose(0, 1).reshape(s, self.q_size))
+            x = rms_norm(layer.post_attention_layernorm, hidden)
+            if fused is not None:
+                gate, up = fast_linear(x, fused.gate_up, None, fused.plan).chunk(2, dim=-1)  # (S, I) each
+            else:
+                gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+            hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up)
         return hidden
 
     def norm(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -189,6 +254,11 @@ class LeanModel:
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """The head on normed hidden states: (n, H) → (n, V)."""
         return self.head(normed)
+
+
+def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's RMSNorm module as one fused op (its weight and epsilon)."""
+    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -205,6 +275,7 @@ def lean_model(model: PreTrainedModel) -> LeanModel | None:
     """The model's LeanModel (made once per model object), or None when it is not supported."""
     if supports(model) is not None:
         return None
-    if ATTRIBUTE not in model.__dict__:
-        model.__dict__[ATTRIBUTE] = LeanModel(model)
-    return model.__dict__[ATTRIBUTE]
+    lean = model.__dict__.get(ATTRIBUTE)
+    if lean is None or not lean.current():
+        lean = model.__dict__[ATTRIBUTE] = LeanModel(model)
+    return lean

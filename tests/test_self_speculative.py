@@ -34,9 +34,9 @@ def test_early_layers_run_once_per_token():
     the late layers (a separate early-exit draft would run them on every guess twice)."""
     model = tiny_model("llama-3l-mha", seed=0)
     seen = [0] * model.config.num_hidden_layers
-    for i, layer in enumerate(model.model.layers):  # a layer's first module sees every token it runs on
-        norm = layer.input_layernorm
-        norm.register_forward_hook(lambda m, args, out, i=i: seen.__setitem__(i, seen[i] + args[0].shape[-2]))
+    for i, layer in enumerate(model.model.layers):  # a layer's output projection sees every token it runs on
+        proj = layer.self_attn.o_proj
+        proj.register_forward_hook(lambda m, args, out, i=i: seen.__setitem__(i, seen[i] + args[0].shape[-2]))
     out, steps = decode(model, "self_speculative", PROMPT, GenerationSettings(max_new_tokens=20), exit_layer=2)
     drafted = sum(len(s.drafted) for s in steps)
     fed_upper = len(PROMPT) + sum(len(s.drafted) + 1 for s in steps[1:])
