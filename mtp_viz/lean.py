@@ -12,13 +12,16 @@ FastLinear or an adapter inside them still applies) and does, per layer, only: n
 write k/v into the cache in place, attention over the cached prefix, output, norm, MLP. The cache
 (`StaticKV`) is one preallocated tensor per model: extend writes in place, rollback is a length,
 and keeping a tree's accepted path moves only those entries. As in gpt-fast's `generate.py` and
-transformers' static cache, shapes stay fixed (the capacity grows by doubling, rarely), so a
-compiled forward (mtp_viz.compile) is reused from step to step.
+transformers' static cache, a compiled forward (`LeanModel.compile`: CUDA graphs on a GPU, inductor
+on a CPU) attends over the whole capacity under a mask, so its shapes stay fixed from step to step
+(the capacity grows by doubling, rarely) and one graph serves every step.
 
 Supported: decoder layers of the Llama family (Llama, Qwen2, Mistral without a sliding window) with
 a static rotary embedding. Anything else runs on transformers' own forward (`supports` says why).
 """
 
+import shutil
+import time
 from dataclasses import dataclass
 
 import torch
@@ -63,7 +66,13 @@ class StaticKV:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device, capacity: int):
         self.shape = (layers, 2, kv_heads, head_dim)
         self.dtype, self.device = dtype, device
-        self.data = torch.zeros(layers, 2, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.data = self._alloc(torch.zeros(layers, 2, kv_heads, capacity, head_dim, dtype=dtype, device=device))
+
+    @staticmethod
+    def _alloc(data: torch.Tensor) -> torch.Tensor:
+        if data.device.type == "cuda":  # CUDA graphs replay against a fixed address
+            torch._dynamo.mark_static_address(data)
+        return data
 
     @property
     def capacity(self) -> int:
@@ -78,7 +87,7 @@ class StaticKV:
             capacity *= 2
         grown = self.data.new_zeros(*self.data.shape[:3], capacity, self.data.shape[4])
         grown[:, :, :, : self.capacity] = self.data
-        self.data = grown
+        self.data = self._alloc(grown)
 
     def move(self, start: int, rows: list[int]) -> None:
         """Slots start..start+len(rows)−1 take the entries at start + r for r in rows (every layer)."""
@@ -151,6 +160,7 @@ class LeanModel:
         self.cos = self.sin = torch.empty(0, self.head_dim, device=self.device, dtype=self.dtype)
         self.q_size, self.kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         self.fused = [fuse(layer) for layer in self.layers]
+        self.compiled = None  # the compiled layer loop, when compilation is on (see `compile`)
 
     def current(self) -> bool:
         """False once the model's weights were moved or replaced (the fused views went stale)."""
@@ -198,8 +208,42 @@ class LeanModel:
         first, last = layers or (0, len(self.layers))
         cos, sin = self.rotary(positions)
         slots = torch.arange(start, end, device=self.device)
-        mask = None if allowed is None else allowed.to(self.device)[None, None]  # (1, 1, S, end)
-        return self.core(hidden, cos, sin, slots, kv.data, mask, end, first, last)
+        if self.compiled is None:  # eager: attend over the filled slots only
+            mask = None if allowed is None else allowed.to(self.device)[None, None]  # (1, 1, S, end)
+            return self.core(hidden, cos, sin, slots, kv.data, mask, end, first, last)
+        # compiled: fixed shapes, so every step reuses one graph; attend over the whole capacity
+        full = torch.zeros(s, kv.capacity, dtype=torch.bool)
+        full[:, :end] = True if allowed is None else allowed
+        return self.compiled(hidden, cos, sin, slots, kv.data, full.to(self.device)[None, None], kv.capacity, first, last)
+
+    def compile(self) -> float:
+        """Compile the layer loop (CUDA graphs on a GPU, inductor on a CPU) and run both shape
+        families (one token; several) once, on a scratch cache. Returns the seconds it took.
+        Raises CompileUnavailable (eager stays in use) when it cannot work here."""
+        if self.compiled is not None:
+            return 0.0
+        reason = compile_unavailable(self.device)
+        if reason:
+            raise CompileUnavailable(reason)
+        start = time.perf_counter()
+        cuda = self.device.type == "cuda"
+        compiled = torch.compile(self.core, mode="reduce-overhead" if cuda else "default", dynamic=True)
+        self.compiled = compiled
+        try:
+            with torch.inference_mode():
+                scratch = self.new_cache()
+                for n in (1, 2, 3):  # 1 is its own graph; 2 and 3 make the row count symbolic
+                    ids = torch.zeros(n, dtype=torch.long, device=self.device)
+                    self.run(self.embed(ids), list(range(n)), scratch, 0, None if n == 1 else causal(n))
+            if cuda:
+                torch.cuda.synchronize(self.device)
+        except Exception as e:  # an op it cannot trace, a missing toolchain piece, an old torch
+            self.compiled = None
+            raise CompileUnavailable(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+        return time.perf_counter() - start
+
+    def decompile(self) -> None:
+        self.compiled = None
 
     def core(
         self,
@@ -254,6 +298,24 @@ class LeanModel:
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """The head on normed hidden states: (n, H) → (n, V)."""
         return self.head(normed)
+
+
+class CompileUnavailable(RuntimeError):
+    """torch.compile cannot run here; the eager lean forward is used."""
+
+
+def compile_unavailable(device: torch.device) -> str | None:
+    """Why torch.compile cannot work on `device` here, or None."""
+    if device.type == "cpu" and not (shutil.which("c++") or shutil.which("g++") or shutil.which("gcc")):
+        return "no C++ compiler for inductor on this machine"
+    if device.type not in ("cpu", "cuda"):
+        return f"compilation is not set up for {device.type}"
+    return None
+
+
+def causal(n: int) -> torch.Tensor:
+    """(n, n) bool lower triangle."""
+    return torch.ones(n, n, dtype=torch.bool).tril()
 
 
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -4,15 +4,20 @@ It resolves names to models and settings, warms the models up, runs a strategy's
 while timing it, attaches token texts, and assembles the Trace. It holds no decoding logic.
 """
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
 
+from mtp_viz.cache import LEAN, engine_for
 from mtp_viz.clock import Clock
 from mtp_viz.detok import TextTracker
 from mtp_viz.errors import InvalidSettingsError, UserError
+from mtp_viz.kernels import plan_of
+from mtp_viz.lean import CompileUnavailable, lean_model
+from mtp_viz.machine import machine_info
 from mtp_viz.models import (
     LoadedModel,
     encode_prompt,
@@ -26,7 +31,11 @@ from mtp_viz.strategies import STRATEGIES, get_strategy
 from mtp_viz.strategies.base import DecodeContext, GenerationSettings
 from mtp_viz.trace import STOP_CANCELLED, STOP_EOS, STOP_MAX_NEW_TOKENS, Step, Trace
 
+log = logging.getLogger(__name__)
+
 MAX_PROMPT_CHARS = 32_000
+COMPILE_AUTO, COMPILE_ON, COMPILE_OFF = "auto", "on", "off"
+COMPILE_CHOICES = (COMPILE_AUTO, COMPILE_ON, COMPILE_OFF)
 RECORD_FULL = "full"
 RECORD_MINIMAL = "minimal"  # no token texts, no probabilities: to measure what tracing costs
 
@@ -51,6 +60,7 @@ class RunRequest:
     device: str | None = None
     dtype: str | None = None
     record: str = RECORD_FULL
+    compile: str = COMPILE_AUTO  # auto (on a GPU) | on | off: torch.compile of the lean forward
 
 
 def setting_names(strategy: str) -> set[str]:
@@ -138,6 +148,8 @@ class Run:
         self.settings = build_strategy_settings(request.strategy, request.strategy_settings)
         if request.record not in (RECORD_FULL, RECORD_MINIMAL):
             raise InvalidSettingsError(f"record must be {RECORD_FULL} or {RECORD_MINIMAL}")
+        if request.compile not in COMPILE_CHOICES:
+            raise InvalidSettingsError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, got {request.compile!r}")
         device = resolve_device(request.device)
         model_name = request.model or load_registry().default_for(device.type)
         self.target = load_model(model_name, request.device, request.dtype)
@@ -156,6 +168,7 @@ class Run:
         self._check_length()
         self.trace: Trace | None = None
         self._cancelled = False
+        self.engine: dict[str, Any] | None = None  # set by prepare()
 
     def _load_draft(self, model_name: str) -> LoadedModel:
         name = self.request.draft
@@ -195,7 +208,21 @@ class Run:
         """Stop after the step in progress; the strategy's caches are released."""
         self._cancelled = True
 
+    def prepare(self) -> dict[str, Any]:
+        """Compile (when asked) and warm the models up, outside the timed region. Returns what the
+        trace records of the engine; `steps()` calls it when the caller has not."""
+        if self.engine is None:
+            wanted = self.request.compile == COMPILE_ON or (
+                self.request.compile == COMPILE_AUTO and self.target.device.type == "cuda"
+            )
+            self.engine = prepare_engine([m for m in (self.target, self.draft) if m is not None], wanted)
+            for m in (self.target, self.draft):
+                if m is not None:
+                    _warm_up(m, self.prompt_ids)
+        return self.engine
+
     def steps(self) -> Iterator[Step]:
+        self.prepare()
         gen = self.request.generation
         device = self.target.device
         clock = Clock(device)
@@ -216,9 +243,6 @@ class Run:
             record_probs=self.request.record == RECORD_FULL,
         )
         texts = TextTracker(self.target.tokenizer, self.prompt_ids) if self._records_text else None
-        for m in (self.target, self.draft):
-            if m is not None:
-                _warm_up(m, self.prompt_ids)
         steps: list[Step] = []
         paused = paused_before_last = 0.0
         stop_reason = STOP_MAX_NEW_TOKENS
@@ -254,6 +278,7 @@ class Run:
             "raw": r.raw,
             "eos_token_ids": sorted(self.target.eos_token_ids),
             "record": r.record,
+            "compile": r.compile,
         }
         return Trace(
             strategy=self.spec.name,
@@ -269,6 +294,7 @@ class Run:
             prompt_text=r.prompt or "",
             device=str(self.target.device),
             dtype=self.target.dtype,
+            machine={**machine_info(self.target.device), **self.engine},
         )
 
 
@@ -286,6 +312,36 @@ def _attach_text(step: Step, texts: TextTracker) -> None:
             d.text = t
     for e, t in zip(step.emitted, texts.commit([e.token_id for e in step.emitted]), strict=True):
         e.text = t
+
+
+def prepare_engine(models: list[LoadedModel], compile_wanted: bool) -> dict[str, Any]:
+    """Set each model's lean forward to compiled or eager; what the trace records of the engine:
+    the forward (lean or transformers'), the linear path, compiled or not and what it cost."""
+    target = models[0]
+    engine: dict[str, Any] = {
+        "forward": engine_for(target.model),
+        "linear": plan_of(target.model).describe() if target.device.type == "cpu" else "F.linear",
+        "compiled": False,
+        "compile_s": 0.0,
+    }
+    for m in models:
+        lean = lean_model(m.model) if engine_for(m.model) == LEAN else None
+        if lean is None:
+            continue
+        if not compile_wanted:
+            lean.decompile()
+            continue
+        try:
+            if lean.compiled is None:
+                log.warning("compiling %s's forward once for this process (%s)", m.name, m.device)
+            engine["compile_s"] += lean.compile()
+            engine["compiled"] = True
+        except CompileUnavailable as e:
+            log.warning("torch.compile unavailable, running eager: %s", e)
+            engine["compile_note"] = str(e)
+    if compile_wanted and engine["forward"] != LEAN:
+        engine["compile_note"] = "the model runs on transformers' forward, which is not compiled here"
+    return engine
 
 
 @torch.inference_mode()

@@ -13,8 +13,8 @@ from typing import Any
 
 from mtp_viz.errors import InvalidTraceError
 
-SCHEMA_VERSION = 2  # 2: token trees (parent −1 = the root), per-position acceptance by draft depth
-READABLE_VERSIONS = (1, 2)  # a version-1 trace is a valid version-2 trace without trees
+SCHEMA_VERSION = 3  # 2: token trees (parent −1 = the root); 3: the machine and engine it ran on
+READABLE_VERSIONS = (1, 2, 3)  # older traces are valid version-3 traces without trees / machine
 
 # Where an emitted token came from.
 AUTOREGRESSIVE = "autoregressive"  # the target's own next token, no draft involved
@@ -142,6 +142,7 @@ class Trace:
     prompt_text: str = ""
     device: str = "cpu"
     dtype: str = "float32"
+    machine: dict[str, Any] = field(default_factory=dict)  # mtp_viz.machine.machine_info + engine; {} if unknown
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -184,6 +185,7 @@ class Trace:
             "stop_reason",
             "device",
             "dtype",
+            "machine",
             "prompt_text",
             "steps",
         ]
@@ -219,6 +221,7 @@ class Trace:
                 prompt_text=str(d.get("prompt_text", "")),
                 device=str(d.get("device", "cpu")),
                 dtype=str(d.get("dtype", "float32")),
+                machine=dict(d.get("machine") or {}),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise InvalidTraceError(f"malformed trace: {type(e).__name__}: {e}") from None

@@ -3,11 +3,12 @@ extends in place and rolls back without copies; unsupported models fall back to 
 
 import pytest
 import torch
-from conftest import TINY_CONFIGS, tiny_model
+from conftest import TINY_CONFIGS, decode, perturbed, tiny_model
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from mtp_viz.cache import ENGINE_ENV, LEAN, TRANSFORMERS, CachedModel, engine_for, tree_visibility
-from mtp_viz.lean import lean_model, supports
+from mtp_viz.lean import CompileUnavailable, lean_model, supports
+from mtp_viz.strategies.base import GenerationSettings
 
 IDS = [5, 17, 3, 42, 9, 17, 3, 8, 9, 10, 11, 12]
 
@@ -92,3 +93,61 @@ def test_unsupported_models_run_on_transformers_forward(monkeypatch):
     torch.testing.assert_close(cached.forward(IDS)[0], reference, rtol=1e-4, atol=1e-5)
     monkeypatch.setenv(ENGINE_ENV, TRANSFORMERS)  # and any model can be sent there
     assert engine_for(tiny_model("llama-2l")) == TRANSFORMERS
+
+
+@pytest.mark.slow
+def test_compiled_forward_is_token_identical_for_every_lossless_strategy():
+    """The compiled lean forward (inductor on a CPU here, CUDA graphs on a GPU) decodes exactly
+    the tokens of the eager one, for the baseline and every lossless strategy."""
+    model = tiny_model("llama-2l", seed=1)
+    draft = perturbed(model, noise=0.2, seed=11)
+    generation = GenerationSettings(max_new_tokens=24)
+    prompt = IDS[:7]
+    eager = decode(model, "autoregressive", prompt, generation)[0]
+    lean, lean_draft = lean_model(model), lean_model(draft)
+    assert lean.compile() > 0 and lean_draft.compile() > 0
+    try:
+        runs = {
+            "autoregressive": decode(model, "autoregressive", prompt, generation),
+            "speculative": decode(model, "speculative", prompt, generation, draft=draft, num_draft_tokens=3),
+            "prompt_lookup": decode(model, "prompt_lookup", prompt, generation, min_ngram_size=1, max_ngram_size=2),
+            "lookahead": decode(model, "lookahead", prompt, generation, level=3, window=3, guess=3),
+            "self_speculative": decode(model, "self_speculative", prompt, generation, exit_layer=1),
+        }
+    finally:
+        lean.decompile()
+        lean_draft.decompile()
+    for name, (output, _) in runs.items():
+        assert output == eager, name
+    assert any(s.accepted for s in runs["speculative"][1])
+
+
+def test_compile_unavailable_falls_back_to_eager_with_a_reason(monkeypatch):
+    import mtp_viz.lean as lean_module
+
+    monkeypatch.setattr(lean_module.shutil, "which", lambda name: None)
+    lean = lean_model(tiny_model("llama-2l"))
+    with pytest.raises(CompileUnavailable, match="C\\+\\+ compiler"):
+        lean.compile()
+    assert lean.compiled is None
+
+
+def test_traces_name_their_machine_and_engine(use_tiny_registry, monkeypatch):
+    from mtp_viz.errors import InvalidSettingsError
+    from mtp_viz.runner import RunRequest, run
+    from mtp_viz.trace import Trace
+
+    import mtp_viz.lean as lean_module
+
+    trace = run(RunRequest(prompt="the cat", generation=GenerationSettings(max_new_tokens=4)))
+    machine = trace.machine
+    assert machine["cpu"] and machine["threads"] >= 1 and machine["torch"] and machine["transformers"]
+    assert machine["forward"] == LEAN and machine["compiled"] is False and machine["linear"]
+    assert trace.settings["compile"] == "auto"
+    assert Trace.from_json(trace.to_json()).machine == machine
+    monkeypatch.setattr(lean_module.shutil, "which", lambda name: None)  # compile asked for, impossible
+    forced = run(RunRequest(prompt="the cat", compile="on", generation=GenerationSettings(max_new_tokens=4)))
+    assert forced.machine["compiled"] is False and "C++ compiler" in forced.machine["compile_note"]
+    assert forced.output_token_ids == trace.output_token_ids
+    with pytest.raises(InvalidSettingsError, match="compile"):
+        run(RunRequest(prompt="the cat", compile="sometimes"))
