@@ -8,9 +8,12 @@ import sys
 from pathlib import Path
 
 from mtp_viz.errors import UserError
+from mtp_viz.peers import PEERS
+from mtp_viz.runner import COMPILE_CHOICES
 from mtp_viz.strategies import STRATEGIES
 
 DEBUG_ENV = "MTP_VIZ_DEBUG"
+COMPILE_HELP = "torch.compile the lean forward: auto (on a GPU), on, off; compiled once, outside the timing"
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -36,6 +39,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", help="MTP heads: registry id or directory (default: the model's first registered)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    p.add_argument("--compile", choices=COMPILE_CHOICES, default="auto", help=COMPILE_HELP)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,10 +76,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--device", default="auto")
     bench.add_argument("--dtype", default="auto")
+    bench.add_argument("--compile", choices=COMPILE_CHOICES, default="auto", help=COMPILE_HELP)
     bench.add_argument(
         "--peers",
         default="",
-        help="transformers baselines in the same run, comma-separated: hf_generate, hf_assisted, hf_prompt_lookup",
+        help="transformers baselines in the same run, comma-separated: " + ", ".join(PEERS),
     )
     bench.add_argument("--out", type=Path, required=True)
     prof = sub.add_parser("profile", help="measure the verify-cost curve (and draft cost ratio c) on this device")
@@ -140,6 +145,7 @@ def _cmd_bench(args) -> None:
         heads=args.heads,
         device=args.device,
         dtype=args.dtype,
+        compile=args.compile,
         generation=GenerationSettings(max_new_tokens=args.max_new_tokens),
     )
 
@@ -280,6 +286,7 @@ def _request(args, max_new_tokens: int, default_temperature: float):
         strategy_settings=strategy_settings,
         device=args.device,
         dtype=args.dtype,
+        compile=args.compile,
         record=getattr(args, "record", "full"),
     )
 
@@ -298,10 +305,20 @@ def _cmd_run(args) -> None:
     if s["drafted_tokens"]:
         print(f"  acceptance {s['acceptance_rate']:.1%} of {s['drafted_tokens']} drafted tokens")
     print(f"  stop: {trace.stop_reason}")
+    print(f"  machine: {describe_engine(trace.machine)}")
     print(trace.output_text)
     if args.trace_out:
         trace.save(args.trace_out)
         print(f"trace written to {args.trace_out}")
+
+
+def describe_engine(machine: dict) -> str:
+    """ "AMD EPYC, 2 threads; lean forward, eager; linear fast 1-2→2, …" for a trace's machine."""
+    from mtp_viz.machine import machine_label
+
+    compiled = f"compiled ({machine.get('compile_s', 0):.1f} s)" if machine.get("compiled") else "eager"
+    note = f" [{machine['compile_note']}]" if machine.get("compile_note") else ""
+    return f"{machine_label(machine)}; {machine.get('forward')} forward, {compiled}{note}; linear {machine.get('linear')}"
 
 
 def _cmd_check_distribution(args) -> None:

@@ -1,6 +1,7 @@
 """Prompt suites → traces → pandas tables: every strategy on the same prompts, in the same order,
 with autoregressive decoding in the same invocation as the baseline of every speedup."""
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from mtp_viz.errors import UserError
+from mtp_viz.machine import machine_info
 from mtp_viz.models import load_heads_for, load_model, resolve_device
 from mtp_viz.peers import HF_ASSISTED, PEERS, PeerRun, run_peer
 from mtp_viz.prompts import spec_bench
@@ -211,13 +213,19 @@ def save(
     traces: dict[str, list[Trace]],
     peer_runs: dict[str, list[PeerRun]] | None = None,
 ) -> pd.DataFrame:
-    """Writes results.csv, summary.csv, summary.json and traces/<label>/<prompt id>.json."""
+    """Writes results.csv, summary.csv, summary.json (the summary rows and the machine they were
+    measured on) and traces/<label>/<prompt id>.json."""
     results = results_table(prompts, traces, peer_runs)
     summary = summary_table(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     results.to_csv(out_dir / "results.csv", index=False)
     summary.to_csv(out_dir / "summary.csv", index=False)
-    (out_dir / "summary.json").write_text(summary.to_json(orient="records", indent=1))
+    first = next((runs[0] for runs in traces.values() if runs), None)
+    record = {
+        "machine": first.machine if first is not None else machine_info(),
+        "rows": json.loads(summary.to_json(orient="records")),
+    }
+    (out_dir / "summary.json").write_text(json.dumps(record, indent=1))
     for label, runs in traces.items():
         folder = out_dir / "traces" / label.replace(":", "_").replace("=", "-").replace(",", "_")
         folder.mkdir(parents=True, exist_ok=True)

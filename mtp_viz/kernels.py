@@ -27,7 +27,8 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,6 +129,20 @@ def use_fast_linears(model: nn.Module, plan: Plan) -> nn.Module:
         if isinstance(module, FastLinear) or hasattr(module, "plan"):
             module.plan = plan
     return model
+
+
+@contextmanager
+def stock_linears(model: nn.Module) -> Iterator[nn.Module]:
+    """The model as transformers loads it, for the duration: every FastLinear an nn.Linear again
+    (same weights), so peers (transformers' own generate) run the plain model."""
+    switched = [m for m in model.modules() if type(m) is FastLinear]
+    for m in switched:
+        m.__class__ = nn.Linear
+    try:
+        yield model
+    finally:
+        for m in switched:
+            m.__class__ = FastLinear
 
 
 def plan_of(model: nn.Module) -> Plan:

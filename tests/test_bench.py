@@ -45,8 +45,9 @@ def test_bench_command_writes_tables_and_traces(use_tiny_registry, tmp_path, cap
         ]
     )
     assert code == 0
-    summary = json.loads((out / "summary.json").read_text())
-    overall = {r["strategy"]: r for r in summary if r["category"] == "overall"}
+    record = json.loads((out / "summary.json").read_text())
+    assert record["machine"]["cpu"] and record["machine"]["forward"] == "lean" and "compiled" in record["machine"]
+    overall = {r["strategy"]: r for r in record["rows"] if r["category"] == "overall"}
     labels = {"speculative", "prompt_lookup", "speculative:schedule=heuristic"}
     peers = {"hf_generate", "hf_assisted", "hf_prompt_lookup"}
     assert set(overall) == {"autoregressive"} | labels | peers

@@ -151,3 +151,28 @@ def test_traces_name_their_machine_and_engine(use_tiny_registry, monkeypatch):
     assert forced.output_token_ids == trace.output_token_ids
     with pytest.raises(InvalidSettingsError, match="compile"):
         run(RunRequest(prompt="the cat", compile="sometimes"))
+
+
+def test_peers_run_the_plain_model_and_put_our_linears_back(use_tiny_registry):
+    from torch import nn
+
+    from mtp_viz.kernels import FastLinear, stock_linears
+    from mtp_viz.models import load_model
+
+    model = load_model("tiny").model
+    fast = [m for m in model.modules() if type(m) is FastLinear]
+    with stock_linears(model):
+        assert fast and all(type(m) is nn.Linear for m in fast)
+    assert all(type(m) is FastLinear for m in fast)
+
+
+@pytest.mark.slow
+def test_transformers_static_compile_peer_decodes_the_same_tokens(use_tiny_registry):
+    from mtp_viz.models import encode_prompt, load_model
+    from mtp_viz.peers import HF_GENERATE, HF_STATIC_COMPILE, run_peer
+
+    loaded = load_model("tiny")
+    ids = encode_prompt(loaded, "the cat sat")
+    plain = run_peer(HF_GENERATE, loaded, ids, 6)
+    compiled = run_peer(HF_STATIC_COMPILE, loaded, ids, 6)
+    assert compiled.output_token_ids == plain.output_token_ids and compiled.wall_time_s > 0
