@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from mtp_viz.drafters.draft import load_draft
 from mtp_viz.drafters.heads import MTPHeads, load_heads
 from mtp_viz.errors import IncompatibleDraftError, UnknownModelError, UserError
-from mtp_viz.kernels import tune, use_fast_linears
+from mtp_viz.kernels import plan_of, tune, use_fast_linears
 from mtp_viz.registry import ModelEntry, Source, load_registry
 
 log = logging.getLogger(__name__)
@@ -274,6 +274,13 @@ def _wrap(name, model, tok, chat: bool, source: str) -> LoadedModel:
     if model.device.type == "cpu" and model.dtype == torch.float32:  # elsewhere F.linear is left alone
         use_fast_linears(model, tune(model))
     return LoadedModel(name, model, tok, chat and tok is not None, frozenset(eos_ids), source)
+
+
+def linear_path(loaded: LoadedModel) -> str:
+    """How the model's linear layers compute (mtp_viz.kernels), for the records."""
+    if loaded.device.type == "cpu" and loaded.model.dtype == torch.float32:
+        return plan_of(loaded.model).describe()
+    return "F.linear"
 
 
 def encode_prompt(loaded: LoadedModel, prompt: str, raw: bool = False) -> list[int]:

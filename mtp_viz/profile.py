@@ -4,13 +4,15 @@ each layer agrees with the model's own next-token choice (why self-speculation a
 does)."""
 
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 
-from mtp_viz.cache import CachedModel
+from mtp_viz.cache import CachedModel, engine_for
 from mtp_viz.clock import Clock
-from mtp_viz.models import LoadedModel
+from mtp_viz.machine import machine_info
+from mtp_viz.models import LoadedModel, linear_path
 
 MAX_K = 32
 CONTEXT_TOKENS = 256  # the KV-cache length the forwards run against
@@ -26,6 +28,7 @@ class Profile:
     verify_cost: dict[int, float]  # k → time of a k-token forward / one_token_s
     c: float | None  # draft one-token forward / target one-token forward
     exit_agreement: dict[int, float] | None = None  # layer L → P(exit after L layers' top-1 = model's top-1)
+    machine: dict | None = None  # mtp_viz.machine.machine_info + the linear path: where it was measured
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -57,9 +60,11 @@ def profile(
     max_k: int = MAX_K,
     repeats: int = 5,
     context: int = CONTEXT_TOKENS,
+    progress: Callable[[int, int], bool | None] | None = None,
 ) -> Profile:
     """Medians over `repeats` rounds; each round times every k and the draft, interleaved, so drift
-    on a noisy machine hits all of them alike."""
+    on a noisy machine hits all of them alike. `progress(done, total)` is called after each round;
+    when it returns True, measuring stops and Cancelled is raised."""
     ks = list(range(1, max_k + 1))
     target_timer = _Timer(target.model, context)
     draft_timer = _Timer(draft.model, context) if draft is not None else None
@@ -70,6 +75,8 @@ def profile(
             times[k].append(target_timer.time(k))
         if draft_timer is not None:
             draft_times.append(draft_timer.time(1))
+        if progress is not None and progress(len(draft_times or times[1]), repeats):
+            raise Cancelled("profile stopped")
     median = {k: statistics.median(v) for k, v in times.items()}
     c = statistics.median(draft_times) / median[1] if draft_times else None
     return Profile(
@@ -80,7 +87,13 @@ def profile(
         median[1],
         {k: t / median[1] for k, t in median.items()},
         c,
+        machine={**machine_info(target.device), "forward": engine_for(target.model), "linear": linear_path(target)},
     )
+
+
+class Cancelled(Exception):
+    """A measurement stopped by its caller."""
+
 
 
 @torch.inference_mode()

@@ -15,11 +15,11 @@ from mtp_viz.cache import LEAN, engine_for
 from mtp_viz.clock import Clock
 from mtp_viz.detok import TextTracker
 from mtp_viz.errors import InvalidSettingsError, UserError
-from mtp_viz.kernels import plan_of
 from mtp_viz.lean import CompileUnavailable, lean_model
 from mtp_viz.machine import machine_info
 from mtp_viz.models import (
     LoadedModel,
+    linear_path,
     encode_prompt,
     load_heads_for,
     load_model,
@@ -320,7 +320,7 @@ def prepare_engine(models: list[LoadedModel], compile_wanted: bool) -> dict[str,
     target = models[0]
     engine: dict[str, Any] = {
         "forward": engine_for(target.model),
-        "linear": plan_of(target.model).describe() if target.device.type == "cpu" else "F.linear",
+        "linear": linear_path(target),
         "compiled": False,
         "compile_s": 0.0,
     }

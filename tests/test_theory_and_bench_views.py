@@ -15,7 +15,7 @@ from mtp_viz.theory import measured_point
 from mtp_viz.trace import Trace
 from mtp_viz.ui.bench_tab import example_results, read_summary, views
 from mtp_viz.ui.explore import example_traces
-from mtp_viz.ui.theory_tab import numbers_html, points_from, read_exit_agreement, read_profile, shipped_profiles
+from mtp_viz.ui.theory_tab import numbers_html, points_from, read_profile, shipped_profiles
 from mtp_viz.viz import figures
 
 
@@ -31,12 +31,18 @@ def test_measured_point_from_a_run_and_its_baseline():
 
 
 def test_theory_numbers_and_curves():
-    curve = read_profile(next(iter(shipped_profiles().values())))
+    shipped = read_profile(next(iter(shipped_profiles().values())))
+    curve = shipped.curve
     assert curve[1] == 1.0 and len(curve) >= 16
+    assert "EPYC" in shipped.label  # every shipped curve names its machine
     html = numbers_html(0.8, 8, 0.05, None)
     assert "<b>4.33</b>" in html and "<b>3.09x</b>" in html and "best γ = 8" in html  # Leviathan's worked values
-    fig = figures.theory_curves(0.8, 0.05, curve, points_from([str(p) for p in example_traces().values()]))
+    points = points_from([str(p) for p in example_traces().values()])
+    fig = figures.theory_curves(0.8, 0.05, [(shipped.label, curve)], points)
     assert len(fig.data) == 3  # textbook, measured cost, one run
+    mine = {k: v * 1.1 for k, v in curve.items()}
+    two = figures.theory_curves(0.8, 0.05, [("here", mine), (shipped.label, curve)], points)
+    assert [d.name for d in two.data[1:3]] == ["measured verify cost: here", f"measured verify cost: {shipped.label}"]
 
 
 def test_bad_uploads_are_refused_with_a_message(tmp_path):
@@ -97,9 +103,10 @@ def test_exit_agreement_matches_the_early_exit_drafts():
 def test_theory_tab_reads_exit_agreement_from_a_profile(tmp_path):
     path = tmp_path / "profile.json"
     path.write_text(json.dumps({"verify_cost": {"1": 1.0, "2": 1.5}, "exit_agreement": {"1": 0.1, "2": 1.0}}))
-    assert read_exit_agreement(path) == {1: 0.1, 2: 1.0}
+    assert read_profile(path).exits == {1: 0.1, 2: 1.0}
     path.write_text(json.dumps({"verify_cost": {"1": 1.0}}))  # profiles from before it was measured
-    assert read_exit_agreement(path) is None
+    assert read_profile(path).exits is None
+    assert read_profile(path).label == "machine not recorded"
     assert len(figures.exit_agreement_bars(None).data) == 0
 
 
@@ -113,5 +120,5 @@ def test_shipped_bench_results_and_profile_load_in_the_tabs():
     assert set(base["speedup"]) == {1.0} and "overall" in set(summary["category"])
     table, speed, accepted, pareto = views(summary)
     assert len(speed.data) == summary["strategy"].nunique()
-    exits = read_exit_agreement(shipped_profiles()["profile-smollm2-135m-cpu"])
+    exits = read_profile(shipped_profiles()["profile-smollm2-135m-cpu"]).exits
     assert len(exits) == 30 and exits[30] == 1.0

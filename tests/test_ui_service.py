@@ -2,6 +2,7 @@
 per-model lock, cancellation, concurrent runs, uploads, comparison verdicts and their diagnosis."""
 
 import gc
+import json
 import threading
 from types import SimpleNamespace
 
@@ -199,3 +200,22 @@ def test_finished_and_stopped_runs_free_their_caches(use_tiny_registry, monkeypa
     gen.close()
     del run, gen
     assert (_live(CachedModel), _live(Cache)) == before
+
+
+def test_measure_this_machine_writes_a_labelled_profile_and_stops_when_closed(use_tiny_registry, tmp_path, monkeypatch):
+    monkeypatch.setenv("MTP_VIZ_CACHE", str(tmp_path))
+    from mtp_viz.ui import service
+    from mtp_viz.ui.theory_tab import read_profile
+
+    updates = list(service.measure_machine())
+    done, total, path = updates[-1]
+    assert done == total == service.PROFILE_REPEATS and path == service.machine_profile_path()
+    assert all(p is None for *_, p in updates[:-1])
+    data = json.loads(path.read_text())
+    assert data["machine"]["cpu"] and data["machine"]["forward"] == "lean" and data["c"] is not None
+    assert read_profile(path).curve[1] == 1.0
+    path.unlink()
+    stopped = service.measure_machine()
+    next(stopped)
+    stopped.close()  # the Stop button: the measurement ends, nothing is written
+    assert not path.exists()

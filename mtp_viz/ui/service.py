@@ -193,3 +193,64 @@ def baseline_key(trace: Trace) -> str:
     """Runs with the same model, prompt and generation settings share an autoregressive baseline."""
     g = {k: trace.settings.get(k) for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")}
     return json.dumps([trace.model, trace.device, trace.prompt_token_ids, g])
+
+
+PROFILE_REPEATS = 3  # rounds of the in-app measurement (the CLI's profile takes --repeats)
+PROFILE_MAX_K = 16
+
+
+def machine_profile_path(model: str | None = None) -> Path:
+    """Where this machine's measured profile of `model` (default: the device's) is cached."""
+    from mtp_viz.machine import machine_key
+    from mtp_viz.models import cache_root, resolve_device
+
+    name = model or load_registry().default_for(resolve_device().type)
+    return cache_root() / "profiles" / f"{machine_key()}-{Path(name).name}.json"
+
+
+def measure_machine(model: str | None = None) -> Iterator[tuple[int, int, Path | None]]:
+    """Measure the verify-cost curve and c on this machine for `model` (and its first registered
+    draft), as `python -m mtp_viz profile` does: (rounds done, rounds, None) while it runs, then
+    (rounds, rounds, path of the cached JSON). Closing the generator stops the measurement."""
+    from mtp_viz.models import load_model, resolve_device
+    from mtp_viz.profile import Cancelled, profile
+
+    registry = load_registry()
+    name = model or registry.default_for(resolve_device().type)
+    entry = registry.models.get(name)
+    target = load_model(name)
+    draft = load_model(entry.drafts[0]) if entry and entry.drafts else None
+    state = {"done": 0, "stop": False, "result": None}
+    errors: list[BaseException] = []
+
+    def progress(done: int, total: int) -> bool:
+        state["done"] = done
+        return state["stop"]
+
+    def work() -> None:
+        try:
+            with ExitStack() as stack:
+                for held in sorted({target.name} | ({draft.name} if draft else set())):
+                    stack.enter_context(_lock_for(held))
+                state["result"] = profile(target, draft, PROFILE_MAX_K, PROFILE_REPEATS, progress=progress)
+        except Cancelled:
+            pass
+        except BaseException as e:
+            errors.append(e)
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    try:
+        yield 0, PROFILE_REPEATS, None
+        while worker.is_alive():
+            worker.join(STREAM_INTERVAL_S)
+            yield state["done"], PROFILE_REPEATS, None
+    finally:
+        state["stop"] = True
+        worker.join()
+    if errors:
+        raise errors[0]
+    path = machine_profile_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(state["result"].as_dict(), indent=1))
+    yield PROFILE_REPEATS, PROFILE_REPEATS, path

@@ -1,12 +1,15 @@
 """The Theory tab: Leviathan et al.'s predicted speedup for α, γ, c (sliders), the same with this
 device's measured verify-cost curve, and the measured points of the user's own runs."""
 
+import html
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
 
 from mtp_viz.errors import UserError
+from mtp_viz.machine import machine_label
 from mtp_viz.theory import expected_tokens, measured_point, optimal_gamma, speedup
 from mtp_viz.ui import notes, service
 from mtp_viz.ui.explore import example_traces
@@ -21,28 +24,28 @@ def shipped_profiles() -> dict[str, Path]:
     return {p.stem: p for p in sorted(PROFILES.glob("profile-*.json"))}
 
 
-def read_profile(path: str | Path | None) -> dict[int, float] | None:
-    """The verify-cost curve of a profile file (None: no file)."""
-    return _profile(path)[0]
+@dataclass(frozen=True)
+class ProfileView:
+    curve: dict[int, float]  # verify cost: k → time of k tokens / one token
+    exits: dict[int, float] | None  # early-exit agreement by layer, where measured
+    label: str  # the machine it was measured on
 
 
-def read_exit_agreement(path: str | Path | None) -> dict[int, float] | None:
-    """The per-layer early-exit agreement of a profile file, if it measured one."""
-    return _profile(path)[1]
-
-
-def _profile(path: str | Path | None) -> tuple[dict[int, float] | None, dict[int, float] | None]:
+def read_profile(path: str | Path | None) -> ProfileView | None:
+    """A profile file (`python -m mtp_viz profile`, or this machine's in-app measurement); None: no file."""
     if not path:
-        return None, None
+        return None
     if Path(path).stat().st_size > service.MAX_TRACE_BYTES:
         raise UserError("that profile file is too large")
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         curve = {int(k): float(v) for k, v in data["verify_cost"].items()}
         exits = {int(k): float(v) for k, v in (data.get("exit_agreement") or {}).items()} or None
+        machine = data.get("machine") or {}
+        label = machine_label(machine) if machine else "machine not recorded"
     except (ValueError, KeyError, TypeError, AttributeError):
         raise UserError("not a profile: expected the JSON that `python -m mtp_viz profile` writes") from None
-    return curve, exits
+    return ProfileView(curve, exits, label)
 
 
 def points_from(paths: list[str]) -> list[dict]:
@@ -57,7 +60,7 @@ def points_from(paths: list[str]) -> list[dict]:
     return points
 
 
-def numbers_html(alpha: float, gamma: int, c: float, verify_cost) -> str:
+def numbers_html(alpha: float, gamma: int, c: float, verify_cost, label: str = "this device") -> str:
     tokens = expected_tokens(alpha, gamma)
     lines = [
         f"expected tokens per target forward: <b>{tokens:.2f}</b>",
@@ -67,7 +70,7 @@ def numbers_html(alpha: float, gamma: int, c: float, verify_cost) -> str:
         measured = speedup(alpha, gamma, c, verify_cost)
         best = optimal_gamma(alpha, c, min(MAX_GAMMA, max(verify_cost) - 1), verify_cost)
         lines.append(
-            f"with this device's verify cost ({verify_cost[gamma + 1]:.2f}x a one-token forward for "
+            f"with the verify cost measured on {html.escape(label)} ({verify_cost[gamma + 1]:.2f}x a one-token forward for "
             f"{gamma + 1} tokens): <b>{measured:.2f}x</b> (best γ = {best})"
         )
     return "<br>".join(lines)
@@ -87,7 +90,7 @@ def build_theory() -> gr.Blocks:
             profile = gr.Dropdown(
                 [("(none)", "")] + [(k, str(v)) for k, v in profiles.items()],
                 value=str(next(iter(profiles.values()), "")),
-                label="Measured verify-cost curve (python -m mtp_viz profile)",
+                label="Shipped verify-cost curve (python -m mtp_viz profile)",
             )
             profile_upload = gr.File(label="…or upload a profile JSON", file_types=[".json"], type="filepath")
             traces = gr.File(
@@ -97,27 +100,56 @@ def build_theory() -> gr.Blocks:
                 type="filepath",
             )
         use_examples = gr.Checkbox(False, label="Show the example traces' measured points")
+        with gr.Row():
+            measure = gr.Button("Measure this machine", variant="secondary", elem_id="mv-measure")
+            stop = gr.Button("Stop", variant="stop", elem_id="mv-measure-stop")
+        mine = gr.State(str(service.machine_profile_path()) if service.machine_profile_path().is_file() else "")
+        measured = gr.Markdown(_measured_note(mine.value), elem_id="mv-measure-status")
         gr.Markdown(notes.EXITS)
         exits_plot = gr.Plot(label="Early-exit agreement by layer")
 
-        def update(alpha, gamma, c, profile, uploaded_profile, paths, examples):
+        def update(alpha, gamma, c, profile, uploaded_profile, paths, examples, own):
             try:
-                curve, exits = _profile(uploaded_profile or profile)
+                chosen = read_profile(uploaded_profile or profile)
+                yours = read_profile(own) if own else None
                 files = list(paths or []) + ([str(p) for p in example_traces().values()] if examples else [])
                 points = points_from(files)
             except UserError as e:
                 raise gr.Error(str(e)) from None
+            curves = [(f"{v.label} (this machine)" if v is yours else v.label, v.curve) for v in (yours, chosen) if v]
+            first = yours or chosen
             gamma = int(gamma)
             return (
-                numbers_html(alpha, gamma, c, curve),
-                figures.theory_curves(alpha, c, curve, points, MAX_GAMMA),
-                figures.exit_agreement_bars(exits),
+                numbers_html(alpha, gamma, c, first.curve if first else None, first.label if first else ""),
+                figures.theory_curves(alpha, c, curves, points, MAX_GAMMA),
+                figures.exit_agreement_bars(chosen.exits if chosen else None),
             )
 
-        inputs = [alpha, gamma, c, profile, profile_upload, traces, use_examples]
-        for component in (alpha, gamma, c, profile, use_examples):
-            component.change(update, inputs, [numbers, plot, exits_plot], api_visibility="private")
+        def run_measurement():
+            """This machine's verify-cost curve, measured in the app (cached for later visits)."""
+            try:
+                for done, total, path in service.measure_machine():
+                    if path is None:
+                        yield gr.skip(), f"Measuring this machine: round {done} of {total}…"
+                    else:
+                        yield str(path), _measured_note(str(path))
+            except UserError as e:
+                raise gr.Error(str(e)) from None
+
+        inputs = [alpha, gamma, c, profile, profile_upload, traces, use_examples, mine]
+        outputs = [numbers, plot, exits_plot]
+        for component in (alpha, gamma, c, profile, use_examples, mine):
+            component.change(update, inputs, outputs, api_visibility="private")
         for component in (profile_upload, traces):
-            component.upload(update, inputs, [numbers, plot, exits_plot], api_visibility="private")
-        tab.load(update, inputs, [numbers, plot, exits_plot], api_visibility="private")
+            component.upload(update, inputs, outputs, api_visibility="private")
+        measuring = measure.click(run_measurement, None, [mine, measured], api_visibility="private")
+        stop.click(lambda: "Measurement stopped.", None, measured, cancels=[measuring], api_visibility="private")
+        tab.load(update, inputs, outputs, api_visibility="private")
     return tab
+
+
+def _measured_note(path: str) -> str:
+    if not path:
+        return "No measurement of this machine yet: **Measure this machine** times the forwards here (a few seconds)."
+    view = read_profile(path)
+    return f"This machine's curve ({html.escape(view.label)}) is drawn beside the chosen one; measure again to refresh it."

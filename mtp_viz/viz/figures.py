@@ -173,10 +173,10 @@ def distribution_histogram(samples: dict[str, list[list[int]]], decode, top: int
 
 
 def theory_curves(
-    alpha: float, c: float, verify_cost: dict[int, float] | None, points: list[dict], max_gamma: int = 16
+    alpha: float, c: float, verify_costs: list[tuple[str, dict[int, float]]], points: list[dict], max_gamma: int = 16
 ) -> go.Figure:
-    """Predicted speedup against draft length γ: textbook (verifying costs one forward) and with the
-    measured verify-cost curve; runs' measured speedups as points at their mean γ."""
+    """Predicted speedup against draft length γ: textbook (verifying costs one forward) and with each
+    measured verify-cost curve (labelled with its machine); runs' measured speedups as points."""
     from mtp_viz.theory import optimal_gamma, speedup
 
     gammas = list(range(0, max_gamma + 1))
@@ -184,12 +184,12 @@ def theory_curves(
     fig.add_scatter(x=gammas, y=[speedup(alpha, g, c) for g in gammas], name="textbook (Leviathan et al.)")
     best = optimal_gamma(alpha, c, max_gamma)
     fig.add_vline(x=best, line_dash="dot", line_color="#2563eb", annotation_text=f"best γ = {best}")
-    if verify_cost:
+    for label, verify_cost in verify_costs:
         usable = [g for g in gammas if g + 1 in verify_cost]
         fig.add_scatter(
             x=usable,
             y=[speedup(alpha, g, c, verify_cost) for g in usable],
-            name="with this device's measured verify cost",
+            name=f"measured verify cost: {html.escape(label)}",
             line=dict(dash="dash"),
         )
     for p in points:
