@@ -7,6 +7,10 @@ hits all of them alike; the best tokens/s of each is reported (noise on a shared
 slows a deterministic run down), with ratios. Greedy decoding, so every method must produce the
 same tokens (checked and printed).
 
+Methods (METHODS below): our autoregressive loop on the lean forward (eager, compiled) and on
+transformers' forward; transformers' `generate` on the plain model, and with its own fast path
+(static cache + torch.compile, compiled in an untimed call per prompt); prompt lookup on both sides.
+
 Tracing overhead is reported twice: as the tokens/s ratio of full vs minimal recording (within
 the run-to-run noise), and directly, as the measured cost per token of what full recording adds
 (the target probability of each token and its text) against the measured time of a step.
@@ -14,6 +18,7 @@ the run-to-run noise), and directly, as the measured cost per token of what full
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,7 +27,9 @@ import torch
 
 from mtp_viz.clock import Clock
 from mtp_viz.models import encode_prompt, load_model, quiet_transformers
-from mtp_viz.peers import HF_GENERATE, HF_PROMPT_LOOKUP, run_peer
+from mtp_viz.cache import ENGINE_ENV, LEAN, TRANSFORMERS
+from mtp_viz.machine import machine_info, machine_label
+from mtp_viz.peers import HF_GENERATE, HF_PROMPT_LOOKUP, HF_STATIC_COMPILE, run_peer
 from mtp_viz.prompts import CODE_EDIT_PROMPT, spec_bench_prompt
 from mtp_viz.runner import RECORD_MINIMAL, RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
@@ -35,32 +42,54 @@ PROMPTS = {
     "writing (Spec-Bench 81)": spec_bench_prompt(81),
     "coding (Spec-Bench 121)": spec_bench_prompt(121),
 }
-METHODS = ("ours_ar", "ours_ar_minimal", "ours_pld", "ours_pld_nomatch", "hf_plain", "hf_pld")
+METHODS = (
+    "ours_ar",  # the lean forward, eager, the measured linear path: what `run` does on a CPU
+    "ours_ar_minimal",  # the same without token texts and probabilities: what tracing costs
+    "ours_ar_compiled",  # the lean forward under torch.compile (--compile on)
+    "ours_ar_transformers_forward",  # our loop on transformers' forward (MTP_VIZ_ENGINE=transformers)
+    "ours_pld",
+    "ours_pld_nomatch",
+    "hf_plain",  # transformers' generate on the plain model
+    "hf_static_compile",  # transformers' generate with its static cache + torch.compile
+    "hf_pld",
+)
 NO_MATCH = {"min_ngram_size": 16, "max_ngram_size": 16}  # never matches here: the lookup's own cost
+PEER_OF = {"hf_plain": HF_GENERATE, "hf_static_compile": HF_STATIC_COMPILE, "hf_pld": HF_PROMPT_LOOKUP}
 
 
 def ours(model: str, prompt: str, max_new: int, method: str) -> tuple[list[int], float]:
     strategy = "prompt_lookup" if method.startswith("ours_pld") else "autoregressive"
     record = RECORD_MINIMAL if method == "ours_ar_minimal" else "full"
     settings = NO_MATCH if method == "ours_pld_nomatch" else {}
-    trace = run(
-        RunRequest(
-            prompt=prompt,
-            model=model,
-            strategy=strategy,
-            record=record,
-            strategy_settings=settings,
-            generation=GenerationSettings(max_new_tokens=max_new),
+    engine = TRANSFORMERS if method == "ours_ar_transformers_forward" else LEAN
+    previous = os.environ.get(ENGINE_ENV)
+    os.environ[ENGINE_ENV] = engine
+    try:
+        trace = run(
+            RunRequest(
+                prompt=prompt,
+                model=model,
+                strategy=strategy,
+                record=record,
+                strategy_settings=settings,
+                compile="on" if method == "ours_ar_compiled" else "off",
+                generation=GenerationSettings(max_new_tokens=max_new),
+            )
         )
-    )
+    finally:
+        os.environ.pop(ENGINE_ENV) if previous is None else os.environ.__setitem__(ENGINE_ENV, previous)
     return trace.output_token_ids, trace.wall_time_s
 
 
 def hf(loaded, prompt_ids: list[int], max_new: int, method: str) -> tuple[list[int], float]:
     pld = PromptLookupSettings()
-    peer = HF_PROMPT_LOOKUP if method == "hf_pld" else HF_GENERATE
     r = run_peer(
-        peer, loaded, prompt_ids, max_new, num_draft_tokens=pld.num_draft_tokens, max_ngram_size=pld.max_ngram_size
+        PEER_OF[method],
+        loaded,
+        prompt_ids,
+        max_new,
+        num_draft_tokens=pld.num_draft_tokens,
+        max_ngram_size=pld.max_ngram_size,
     )
     return r.output_token_ids, r.wall_time_s
 
@@ -118,6 +147,7 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="the first N prompts only")
     parser.add_argument("--out", type=Path, help="write the raw measurements as JSON")
     parser.add_argument("--direct-only", action="store_true", help="only the direct cost measurements (fast)")
     args = parser.parse_args()
@@ -129,7 +159,7 @@ def main() -> int:
     warm = encode_prompt(loaded, "Hello")
     loaded.model.generate(torch.tensor([warm]), max_new_tokens=4, do_sample=False, pad_token_id=0)
     rows, raw = [], {}
-    for name, prompt in PROMPTS.items():
+    for name, prompt in list(PROMPTS.items())[: args.prompts]:
         prompt_ids = encode_prompt(loaded, prompt)
         rates: dict[str, list[float]] = {m: [] for m in METHODS}
         outputs: dict[str, list[int]] = {}
@@ -155,31 +185,36 @@ def main() -> int:
         f"against a {step * 1e3:.1f} ms one-token step = {per_token / step:.2%}"
     )
     if args.out:
-        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "results": raw}, indent=1))
+        record = {"args": vars(args) | {"out": str(args.out)}, "machine": machine_info(), "results": raw}
+        args.out.write_text(json.dumps(record, indent=1))
     return 0
 
 
 def print_table(rows, args) -> None:
     print(
         f"\n{args.model}, greedy, max_new_tokens={args.max_new_tokens}, best of {args.repeats} interleaved runs, "
-        f"{time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {torch.get_num_threads()} threads\n"
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, on {machine_label(machine_info())} "
+        f"(torch {torch.__version__})\n"
     )
-    head = (
-        "| prompt | prompt tok | new tok | ours AR tok/s | HF plain tok/s | ours AR / HF | ours PLD tok/s | "
-        "HF PLD tok/s | ours PLD / HF PLD | ours PLD / ours AR | HF PLD / HF plain | PLD no match / AR | "
-        "tracing overhead | identical |"
-    )
+    columns = {
+        "ours AR tok/s": lambda m: f"{m['ours_ar']:.1f}",
+        "HF plain tok/s": lambda m: f"{m['hf_plain']:.1f}",
+        "HF static+compile tok/s": lambda m: f"{m['hf_static_compile']:.1f}",
+        "ours AR / HF plain": lambda m: f"{m['ours_ar'] / m['hf_plain']:.2f}x",
+        "ours AR / HF static+compile": lambda m: f"{m['ours_ar'] / m['hf_static_compile']:.2f}x",
+        "ours compiled / ours": lambda m: f"{m['ours_ar_compiled'] / m['ours_ar']:.2f}x",
+        "lean / transformers forward": lambda m: f"{m['ours_ar'] / m['ours_ar_transformers_forward']:.2f}x",
+        "ours PLD / HF PLD": lambda m: f"{m['ours_pld'] / m['hf_pld']:.2f}x",
+        "ours PLD / ours AR": lambda m: f"{m['ours_pld'] / m['ours_ar']:.2f}x",
+        "PLD no match / AR": lambda m: f"{m['ours_pld_nomatch'] / m['ours_ar']:.2f}x",
+        "tracing overhead": lambda m: f"{1 - m['ours_ar'] / m['ours_ar_minimal']:+.1%}",
+    }
+    head = "| prompt | prompt tok | new tok | " + " | ".join(columns) + " | identical |"
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for name, n_prompt, n_new, m, identical in rows:
-        overhead = 1 - m["ours_ar"] / m["ours_ar_minimal"]
-        print(
-            f"| {name} | {n_prompt} | {n_new} | {m['ours_ar']:.1f} | {m['hf_plain']:.1f} | "
-            f"{m['ours_ar'] / m['hf_plain']:.2f}x | {m['ours_pld']:.1f} | {m['hf_pld']:.1f} | "
-            f"{m['ours_pld'] / m['hf_pld']:.2f}x | {m['ours_pld'] / m['ours_ar']:.2f}x | "
-            f"{m['hf_pld'] / m['hf_plain']:.2f}x | {m['ours_pld_nomatch'] / m['ours_ar']:.2f}x | "
-            f"{overhead:+.1%} | {'yes' if identical else 'NO'} |"
-        )
+        cells = " | ".join(f(m) for f in columns.values())
+        print(f"| {name} | {n_prompt} | {n_new} | {cells} | {'yes' if identical else 'NO'} |")
 
 
 if __name__ == "__main__":
