@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from mtp_viz.clock import Clock
-from mtp_viz.models import encode_prompt, load_model, quiet_transformers
 from mtp_viz.cache import ENGINE_ENV, LEAN, TRANSFORMERS
+from mtp_viz.clock import Clock
 from mtp_viz.machine import machine_info, machine_label
+from mtp_viz.models import encode_prompt, load_model, quiet_transformers
 from mtp_viz.peers import HF_GENERATE, HF_PROMPT_LOOKUP, HF_STATIC_COMPILE, run_peer
 from mtp_viz.prompts import CODE_EDIT_PROMPT, spec_bench_prompt
 from mtp_viz.runner import RECORD_MINIMAL, RunRequest, run

@@ -318,7 +318,9 @@ def describe_engine(machine: dict) -> str:
 
     compiled = f"compiled ({machine.get('compile_s', 0):.1f} s)" if machine.get("compiled") else "eager"
     note = f" [{machine['compile_note']}]" if machine.get("compile_note") else ""
-    return f"{machine_label(machine)}; {machine.get('forward')} forward, {compiled}{note}; linear {machine.get('linear')}"
+    return (
+        f"{machine_label(machine)}; {machine.get('forward')} forward, {compiled}{note}; linear {machine.get('linear')}"
+    )
 
 
 def _cmd_check_distribution(args) -> None:

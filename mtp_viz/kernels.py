@@ -85,7 +85,9 @@ class Plan:
 
 
 STOCK_PLAN = Plan((0,) * (MAX_ROWS + 1), STOCK)
-FIXED_PLAN = Plan(tuple(0 if r == 0 else next((b for b in FIXED_BUCKETS if b >= r), 0) for r in range(MAX_ROWS + 1)), FAST)
+FIXED_PLAN = Plan(
+    tuple(0 if r == 0 else next((b for b in FIXED_BUCKETS if b >= r), 0) for r in range(MAX_ROWS + 1)), FAST
+)
 
 
 def mode() -> str:

@@ -164,10 +164,13 @@ class LeanModel:
 
     def current(self) -> bool:
         """False once the model's weights were moved or replaced (the fused views went stale)."""
-        return all(
-            f is None or layer.self_attn.q_proj.weight.data_ptr() == f.qkv.data_ptr()
-            for layer, f in zip(self.layers, self.fused, strict=True)
-        ) and self.device == self.model.device
+        return (
+            all(
+                f is None or layer.self_attn.q_proj.weight.data_ptr() == f.qkv.data_ptr()
+                for layer, f in zip(self.layers, self.fused, strict=True)
+            )
+            and self.device == self.model.device
+        )
 
     def new_cache(self, capacity: int = MIN_CAPACITY) -> StaticKV:
         return StaticKV(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device, capacity)
@@ -214,7 +217,9 @@ class LeanModel:
         # compiled: fixed shapes, so every step reuses one graph; attend over the whole capacity
         full = torch.zeros(s, kv.capacity, dtype=torch.bool)
         full[:, :end] = True if allowed is None else allowed
-        return self.compiled(hidden, cos, sin, slots, kv.data, full.to(self.device)[None, None], kv.capacity, first, last)
+        return self.compiled(
+            hidden, cos, sin, slots, kv.data, full.to(self.device)[None, None], kv.capacity, first, last
+        )
 
     def compile(self) -> float:
         """Compile the layer loop (CUDA graphs on a GPU, inductor on a CPU) and run both shape

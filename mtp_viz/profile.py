@@ -95,7 +95,6 @@ class Cancelled(Exception):
     """A measurement stopped by its caller."""
 
 
-
 @torch.inference_mode()
 def exit_agreement(model, sequences: list[tuple[list[int], int]]) -> dict[int, float]:
     """For each layer L: the share of answer positions where the early exit after L layers (the

@@ -19,8 +19,8 @@ from mtp_viz.lean import CompileUnavailable, lean_model
 from mtp_viz.machine import machine_info
 from mtp_viz.models import (
     LoadedModel,
-    linear_path,
     encode_prompt,
+    linear_path,
     load_heads_for,
     load_model,
     resolve_device,

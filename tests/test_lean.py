@@ -133,11 +133,10 @@ def test_compile_unavailable_falls_back_to_eager_with_a_reason(monkeypatch):
 
 
 def test_traces_name_their_machine_and_engine(use_tiny_registry, monkeypatch):
+    import mtp_viz.lean as lean_module
     from mtp_viz.errors import InvalidSettingsError
     from mtp_viz.runner import RunRequest, run
     from mtp_viz.trace import Trace
-
-    import mtp_viz.lean as lean_module
 
     trace = run(RunRequest(prompt="the cat", generation=GenerationSettings(max_new_tokens=4)))
     machine = trace.machine

@@ -70,8 +70,8 @@ def numbers_html(alpha: float, gamma: int, c: float, verify_cost, label: str = "
         measured = speedup(alpha, gamma, c, verify_cost)
         best = optimal_gamma(alpha, c, min(MAX_GAMMA, max(verify_cost) - 1), verify_cost)
         lines.append(
-            f"with the verify cost measured on {html.escape(label)} ({verify_cost[gamma + 1]:.2f}x a one-token forward for "
-            f"{gamma + 1} tokens): <b>{measured:.2f}x</b> (best γ = {best})"
+            f"with the verify cost measured on {html.escape(label)} ({verify_cost[gamma + 1]:.2f}x a one-token "
+            f"forward for {gamma + 1} tokens): <b>{measured:.2f}x</b> (best γ = {best})"
         )
     return "<br>".join(lines)
 
@@ -152,4 +152,6 @@ def _measured_note(path: str) -> str:
     if not path:
         return "No measurement of this machine yet: **Measure this machine** times the forwards here (a few seconds)."
     view = read_profile(path)
-    return f"This machine's curve ({html.escape(view.label)}) is drawn beside the chosen one; measure again to refresh it."
+    return (
+        f"This machine's curve ({html.escape(view.label)}) is drawn beside the chosen one; measure again to refresh it."
+    )
