@@ -324,7 +324,10 @@ def causal(n: int) -> torch.Tensor:
 
 
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The model's RMSNorm module as one fused op (its weight and epsilon)."""
+    """The model's RMSNorm: one fused op in float32; in half precision the module itself, whose
+    roundings (normalise in float32, cast, then scale) transformers' greedy outputs rest on."""
+    if x.dtype != torch.float32:
+        return norm(x)
     return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
 
 
