@@ -292,6 +292,7 @@ def _request(args, max_new_tokens: int, default_temperature: float):
 
 
 def _cmd_run(args) -> None:
+    from mtp_viz.machine import describe
     from mtp_viz.runner import run
 
     trace = run(_request(args, args.max_new_tokens, 0.0))
@@ -305,22 +306,11 @@ def _cmd_run(args) -> None:
     if s["drafted_tokens"]:
         print(f"  acceptance {s['acceptance_rate']:.1%} of {s['drafted_tokens']} drafted tokens")
     print(f"  stop: {trace.stop_reason}")
-    print(f"  machine: {describe_engine(trace.machine)}")
+    print(f"  machine: {describe(trace.machine)}")
     print(trace.output_text)
     if args.trace_out:
         trace.save(args.trace_out)
         print(f"trace written to {args.trace_out}")
-
-
-def describe_engine(machine: dict) -> str:
-    """ "AMD EPYC, 2 threads; lean forward, eager; linear fast 1-2→2, …" for a trace's machine."""
-    from mtp_viz.machine import machine_label
-
-    compiled = f"compiled ({machine.get('compile_s', 0):.1f} s)" if machine.get("compiled") else "eager"
-    note = f" [{machine['compile_note']}]" if machine.get("compile_note") else ""
-    return (
-        f"{machine_label(machine)}; {machine.get('forward')} forward, {compiled}{note}; linear {machine.get('linear')}"
-    )
 
 
 def _cmd_check_distribution(args) -> None:

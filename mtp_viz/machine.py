@@ -79,3 +79,13 @@ def machine_label(info: dict) -> str:
     if info.get("gpu"):
         return str(info["gpu"])
     return f"{info.get('cpu', 'unknown CPU')}, {info.get('threads', '?')} threads"
+
+
+def describe(machine: dict) -> str:
+    """ "AMD EPYC, 2 threads; lean forward, eager; linear fast 1-2→2, …" for a trace's `machine`."""
+    if not machine:
+        return "machine not recorded"
+    compiled = f"compiled ({machine.get('compile_s', 0):.1f} s)" if machine.get("compiled") else "eager"
+    note = f" [{machine['compile_note']}]" if machine.get("compile_note") else ""
+    forward = machine.get("forward", "?")
+    return f"{machine_label(machine)}; {forward} forward, {compiled}{note}; linear {machine.get('linear', '?')}"

@@ -40,9 +40,12 @@ def api_run(
     max_ngram_size: int | None = None,
     min_ngram_size: int | None = None,
     settings: dict | None = None,
+    compile: str = "auto",
 ) -> dict:
     """Decode one prompt with one strategy; returns the trace as JSON (docs/trace-format.md).
-    `settings`: any of the strategy's settings by name (README), e.g. {"tree": "chain", "tau": 0.8}."""
+    `settings`: any of the strategy's settings by name (README), e.g. {"tree": "chain", "tau": 0.8}.
+    `compile`: auto (on a GPU) | on | off, torch.compile of the lean forward (the trace's `machine` says
+    what happened)."""
     named = {"num_draft_tokens": num_draft_tokens, "max_ngram_size": max_ngram_size, "min_ngram_size": min_ngram_size}
     named = {k: v for k, v in named.items() if v is not None}  # given on purpose: the strategy must have them
     try:
@@ -58,6 +61,7 @@ def api_run(
             seed,
             raw,
             {**named, **service.parse_settings(settings)},
+            compile,
         )
         return service.run_to_end(request).to_dict()
     except UserError as e:

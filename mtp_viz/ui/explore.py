@@ -144,6 +144,13 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                     raw,
                     **dict(zip(names, values, strict=True)),  # every strategy's controls; its own are kept
                 )
+                yield (
+                    gr.skip(),
+                    "<i>preparing: loading the models, and on a model's first run with compilation on, "
+                    "compiling its forward (outside the timed region)…</i>",
+                    *[gr.skip()] * 8,
+                    gr.skip(),
+                )
                 for steps, trace in service.stream(request):
                     if trace is None:
                         yield (tokens_html(steps), f"<i>decoding… step {len(steps)}</i>", *[gr.skip()] * 8, gr.skip())

@@ -34,8 +34,9 @@ token is accepted with chance α, a draft of γ tokens yields (1 − α^(γ+1)) 
 forward. If one draft forward costs c target forwards, the speedup is that divided by (γc + 1). The
 textbook assumes that verifying γ+1 tokens costs one ordinary forward. On a GPU that is nearly
 true for dozens of tokens; on a CPU a few tokens already cost more and a dozen about twice as
-much, and the dashed curve uses the verify cost measured on this device (`python -m mtp_viz
-profile`). Diamonds are your own runs: their α, γ and c come from their traces,
+much. Dashed curves use a measured verify cost, each labelled with the machine it was measured
+on: the shipped one, and yours once you press **Measure this machine** (or upload the JSON of
+`python -m mtp_viz profile`). Diamonds are your own runs: their α, γ and c come from their traces,
 their speedup from the autoregressive run of the same prompt. Where they sit below the curves, the
 difference is what the formula leaves out."""
 

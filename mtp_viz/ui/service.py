@@ -152,6 +152,7 @@ def build_request(
     seed: float = 0,
     raw: bool = False,
     settings: dict | None = None,
+    compile: str = "auto",
     **setting_values,
 ) -> RunRequest:
     """UI values (numbers arrive as floats, empty choices as "" or None) → a validated RunRequest.
@@ -186,6 +187,7 @@ def build_request(
         raw=bool(raw),
         generation=generation,
         strategy_settings=strategy_settings,
+        compile=compile or "auto",
     )
 
 

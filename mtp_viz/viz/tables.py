@@ -36,6 +36,8 @@ def summary_html(trace: Trace, baseline_tokens_per_s: float | None = None) -> st
     """The headline numbers of one run; speedup only where a matching baseline was measured."""
     import html
 
+    from mtp_viz.machine import describe
+
     s = trace.summary
     cells = [
         ("tokens/s", f"{s['tokens_per_s']:.1f}"),
@@ -59,4 +61,5 @@ def summary_html(trace: Trace, baseline_tokens_per_s: float | None = None) -> st
         + (f" + {trace.draft_model}" if trace.draft_model else "")
         + f" · {trace.device} {trace.dtype} · stop: {trace.stop_reason}"
     )
-    return f"<div>{body}</div><div style='font-size:12px;color:#6b7280'>{who}</div>"
+    where = html.escape(f"measured on {describe(trace.machine)}")
+    return f"<div>{body}</div><div style='font-size:12px;color:#6b7280'>{who}<br>{where}</div>"
