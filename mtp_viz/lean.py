@@ -20,6 +20,7 @@ Supported: decoder layers of the Llama family (Llama, Qwen2, Mistral without a s
 a static rotary embedding. Anything else runs on transformers' own forward (`supports` says why).
 """
 
+import logging
 import shutil
 import time
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from torch.nn import functional as F
 from transformers import PreTrainedModel
 
 from mtp_viz.kernels import Plan, fast_linear, plan_of
+
+log = logging.getLogger(__name__)
 
 SUPPORTED_ROPE = ("default", "linear", "llama3")  # position tables that do not depend on length
 MIN_CAPACITY = 256
@@ -160,7 +163,8 @@ class LeanModel:
         self.cos = self.sin = torch.empty(0, self.head_dim, device=self.device, dtype=self.dtype)
         self.q_size, self.kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         self.fused = [fuse(layer) for layer in self.layers]
-        self.compiled = None  # the compiled layer loop, when compilation is on (see `compile`)
+        self._compiled = None  # the compiled layer loop, once made (see `compile`)
+        self.use_compiled = False
 
     def current(self) -> bool:
         """False once the model's weights were moved or replaced (the fused views went stale)."""
@@ -221,19 +225,27 @@ class LeanModel:
             hidden, cos, sin, slots, kv.data, full.to(self.device)[None, None], kv.capacity, first, last
         )
 
+    @property
+    def compiled(self):
+        """The compiled layer loop when compilation is on, else None (eager)."""
+        return self._compiled if self.use_compiled else None
+
     def compile(self) -> float:
         """Compile the layer loop (CUDA graphs on a GPU, inductor on a CPU) and run both shape
-        families (one token; several) once, on a scratch cache. Returns the seconds it took.
-        Raises CompileUnavailable (eager stays in use) when it cannot work here."""
-        if self.compiled is not None:
+        families (one token; several) once, on a scratch cache; once per model and process.
+        Returns the seconds it took now. Raises CompileUnavailable (eager stays in use) when it
+        cannot work here."""
+        if self._compiled is not None:
+            self.use_compiled = True
             return 0.0
         reason = compile_unavailable(self.device)
         if reason:
             raise CompileUnavailable(reason)
+        log.warning("compiling the forward of %s once for this process (%s)", type(self.model).__name__, self.device)
         start = time.perf_counter()
         cuda = self.device.type == "cuda"
-        compiled = torch.compile(self.core, mode="reduce-overhead" if cuda else "default", dynamic=True)
-        self.compiled = compiled
+        self._compiled = torch.compile(self.core, mode="reduce-overhead" if cuda else "default", dynamic=True)
+        self.use_compiled = True
         try:
             with torch.inference_mode():
                 scratch = self.new_cache()
@@ -243,12 +255,13 @@ class LeanModel:
             if cuda:
                 torch.cuda.synchronize(self.device)
         except Exception as e:  # an op it cannot trace, a missing toolchain piece, an old torch
-            self.compiled = None
+            self._compiled, self.use_compiled = None, False
             raise CompileUnavailable(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
         return time.perf_counter() - start
 
     def decompile(self) -> None:
-        self.compiled = None
+        """Back to the eager forward (the compiled one is kept for a later `compile`)."""
+        self.use_compiled = False
 
     def core(
         self,

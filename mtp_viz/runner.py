@@ -332,8 +332,6 @@ def prepare_engine(models: list[LoadedModel], compile_wanted: bool) -> dict[str,
             lean.decompile()
             continue
         try:
-            if lean.compiled is None:
-                log.warning("compiling %s's forward once for this process (%s)", m.name, m.device)
             engine["compile_s"] += lean.compile()
             engine["compiled"] = True
         except CompileUnavailable as e:

@@ -122,3 +122,14 @@ def test_shipped_bench_results_and_profile_load_in_the_tabs():
     assert len(speed.data) == summary["strategy"].nunique()
     exits = read_profile(shipped_profiles()["profile-smollm2-135m-cpu"]).exits
     assert len(exits) == 30 and exits[30] == 1.0
+
+
+def test_bench_results_name_their_machine(tmp_path):
+    from mtp_viz.ui.bench_tab import measured_on
+
+    csv = tmp_path / "summary.csv"
+    assert "not recorded" in measured_on(csv)
+    (tmp_path / "summary.json").write_text(json.dumps({"machine": {"cpu": "Some CPU", "threads": 2}, "rows": []}))
+    assert "Some CPU, 2 threads" in measured_on(csv)
+    (tmp_path / "summary.json").write_text("[]")  # the list older benches wrote
+    assert "not recorded" in measured_on(csv)

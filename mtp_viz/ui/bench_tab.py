@@ -1,12 +1,14 @@
 """The Benchmark tab: a `python -m mtp_viz bench` results folder (shipped examples, or an uploaded
 summary.csv) as tables and plots: speedup and accepted tokens by category, speed against quality."""
 
+import json
 from pathlib import Path
 
 import gradio as gr
 import pandas as pd
 
 from mtp_viz.errors import UserError
+from mtp_viz.machine import describe
 from mtp_viz.ui import notes, service
 from mtp_viz.viz import figures
 
@@ -31,6 +33,16 @@ def read_summary(path: str | Path) -> pd.DataFrame:
     return summary
 
 
+def measured_on(path: str | Path) -> str:
+    """Which machine a results folder was measured on (its summary.json), for the tab's caption."""
+    record = Path(path).with_name("summary.json")
+    try:
+        machine = json.loads(record.read_text(encoding="utf-8")).get("machine") or {}
+    except (OSError, ValueError, AttributeError):
+        machine = {}
+    return f"Measured on {describe(machine)}." if machine else "The machine these results came from is not recorded."
+
+
 def views(summary: pd.DataFrame):
     shown = summary.round(3)
     return (
@@ -50,6 +62,7 @@ def build_bench() -> gr.Blocks:
                 list(examples), value=next(iter(examples), None), label="Results measured here (assets/bench)"
             )
             upload = gr.File(label="…or upload a summary.csv", file_types=[".csv"], type="filepath")
+        where = gr.Markdown(elem_id="mv-bench-machine")
         table = gr.Dataframe(label="Summary", interactive=False)
         with gr.Row():
             speed = gr.Plot(label="Speedup by category")
@@ -58,13 +71,13 @@ def build_bench() -> gr.Blocks:
 
         def show(path):
             if not path:
-                return (gr.skip(),) * 4
+                return (gr.skip(),) * 5
             try:
-                return views(read_summary(path))
+                return (measured_on(path), *views(read_summary(path)))
             except UserError as e:
                 raise gr.Error(str(e)) from None
 
-        outputs = [table, speed, accepted, pareto]
+        outputs = [where, table, speed, accepted, pareto]
         example.change(lambda name: show(examples.get(name)), example, outputs, api_visibility="private")
         upload.upload(show, upload, outputs, api_visibility="private")
         tab.load(lambda name: show(examples.get(name)), example, outputs, api_visibility="private")
