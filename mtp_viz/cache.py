@@ -9,6 +9,10 @@ Token trees (MTP heads, lookahead) go through `forward_hidden`: the unseen part 
 then extra tokens that see the sequence and only the extra tokens a visibility matrix allows (for
 a tree: their own ancestors, at position = the root's position + depth). `keep` then retains the
 key/values of the accepted tokens alone, so the cache again holds one plain sequence.
+
+Two backends do the forward: the lean one (mtp_viz.lean: a preallocated cache, rollback is a
+length) for Llama-family models, and transformers' own decoder with its DynamicCache for any
+other architecture (or for every model with MTP_VIZ_ENGINE=transformers, to compare).
 """
 
 import os
