@@ -119,3 +119,13 @@ def test_generated_markup_tokens_inject_nothing(page):
     assert page.alerts == []
     _no_error_toast(page)
     page.screenshot(path=str(ARTIFACTS / "markup-tokens.png"), full_page=True)
+
+
+def test_theory_measures_this_machine_and_labels_the_curve(page, tmp_path, monkeypatch):
+    monkeypatch.setenv("MTP_VIZ_CACHE", str(tmp_path))  # no cached measurement: measured now
+    page.get_by_role("tab", name="Theory").click()
+    page.get_by_role("button", name="Measure this machine").click()
+    page.wait_for_selector("#mv-measure-status :text('drawn beside the chosen one')", timeout=90_000)
+    page.wait_for_selector("text=(this machine)", timeout=30_000)  # the legend names the new curve
+    _no_error_toast(page)
+    page.screenshot(path=str(ARTIFACTS / "theory-measured.png"), full_page=True)

@@ -74,7 +74,56 @@ def test_bench_views_from_a_summary(tmp_path):
     path = tmp_path / "summary.csv"
     summary.to_csv(path, index=False)
     table, speed, accepted, pareto = views(read_summary(path))
-    assert len(table) == 4 and len(speed.data) == 2 and len(pareto.data[0].x) == 2
+    assert list(table["strategy"]) == ["conf_adapt", "autoregressive"]  # one row per strategy, fastest first
+    assert list(table.columns[:6]) == [
+        "strategy",
+        "kind",
+        "speedup",
+        "tokens per forward",
+        "identical to AR",
+        "agreement",
+    ]
+    assert table.loc[0, "qa speedup"] == 2.0
+    assert [d.name for d in speed.data] == ["conf_adapt"]  # autoregressive is the 1.0 line, not a series
+    assert [d.name for d in pareto.data] == ["conf_adapt"] and pareto.data[0].mode == "markers"
+
+
+def test_bench_figures_stay_readable_with_many_variants():
+    """Twenty variants: the figures draw the best of each family (≤ MAX_SERIES), coloured by family,
+    with the legend below the plot; the table still lists every one; peers are marked."""
+    labels = ["autoregressive", "hf_generate", "hf_assisted"] + [
+        f"speculative:num_draft_tokens={k}" for k in range(1, 9)
+    ]
+    labels += [f"mtp_heads:v={k}" for k in range(5)] + ["prompt_lookup", "lookahead", "self_speculative", "conf_adapt"]
+    rows = []
+    for i, label in enumerate(labels):
+        for category in ("qa", "rag", "overall"):
+            speed = 1.0 if label == "autoregressive" else 0.5 + i / 20
+            rows.append(
+                dict(
+                    category=category,
+                    strategy=label,
+                    tokens_per_s=speed * 10,
+                    speedup=speed,
+                    mean_accepted_tokens=1.2,
+                    agreement=1.0,
+                    identical_share=1.0,
+                )
+            )
+    summary = pd.DataFrame(rows)
+    best = figures.best_variants(summary)
+    assert len(best) <= figures.MAX_SERIES and len({figures.family(b) for b in best if not b.startswith("hf_")}) == len(
+        [b for b in best if not b.startswith("hf_")]
+    )
+    assert "mtp_heads:v=4" in best and "speculative:num_draft_tokens=8" in best and "hf_assisted" in best
+    table, speed, accepted, pareto = views(summary, best)
+    assert len(table) == len(labels) and set(table.loc[table["strategy"].str.startswith("hf_"), "kind"]) == {
+        "peer (transformers)"
+    }
+    for fig in (speed, accepted, pareto):
+        assert len(fig.data) <= figures.MAX_SERIES
+        assert fig.layout.legend.y < 0  # below the plot, never over the bars
+    assert all(bar.y is not None and len(bar.y) == 3 for bar in speed.data)  # every category drawn
 
 
 def test_exit_agreement_matches_the_early_exit_drafts():
@@ -119,7 +168,7 @@ def test_shipped_bench_results_and_profile_load_in_the_tabs():
     base = summary[summary["strategy"] == "autoregressive"]
     assert set(base["speedup"]) == {1.0} and "overall" in set(summary["category"])
     table, speed, accepted, pareto = views(summary)
-    assert len(speed.data) == summary["strategy"].nunique()
+    assert 1 <= len(speed.data) <= figures.MAX_SERIES and len(table) == summary["strategy"].nunique()
     exits = read_profile(shipped_profiles()["profile-smollm2-135m-cpu"]).exits
     assert len(exits) == 30 and exits[30] == 1.0
 

@@ -11,6 +11,7 @@ from mtp_viz.errors import UserError
 from mtp_viz.machine import describe
 from mtp_viz.ui import notes, service
 from mtp_viz.viz import figures
+from mtp_viz.viz.tables import bench_table
 
 EXAMPLE_RESULTS = Path(__file__).resolve().parent.parent.parent / "assets" / "bench"
 REQUIRED = ("category", "strategy", "tokens_per_s", "speedup", "mean_accepted_tokens", "agreement")
@@ -43,13 +44,13 @@ def measured_on(path: str | Path) -> str:
     return f"Measured on {describe(machine)}." if machine else "The machine these results came from is not recorded."
 
 
-def views(summary: pd.DataFrame):
-    shown = summary.round(3)
+def views(summary: pd.DataFrame, strategies: list[str] | None = None):
+    """The table (every strategy) and the figures (the chosen strategies, at most MAX_SERIES)."""
     return (
-        shown,
-        figures.category_bars(summary, "speedup", "Speedup over autoregressive, by category"),
-        figures.category_bars(summary, "mean_accepted_tokens", "Tokens per target forward, by category"),
-        figures.speed_quality(summary),
+        bench_table(summary),
+        figures.category_bars(summary, "speedup", "Speedup over autoregressive, by category", strategies),
+        figures.category_bars(summary, "mean_accepted_tokens", "Tokens per target forward, by category", strategies),
+        figures.speed_quality(summary, strategies=strategies),
     )
 
 
@@ -63,22 +64,38 @@ def build_bench() -> gr.Blocks:
             )
             upload = gr.File(label="…or upload a summary.csv", file_types=[".csv"], type="filepath")
         where = gr.Markdown(elem_id="mv-bench-machine")
-        table = gr.Dataframe(label="Summary", interactive=False)
-        with gr.Row():
-            speed = gr.Plot(label="Speedup by category")
-            accepted = gr.Plot(label="Accepted tokens by category")
+        table = gr.Dataframe(label="Every strategy, fastest first (speedup = tokens/s over autoregressive)")
+        chosen = gr.CheckboxGroup(
+            [],
+            label=f"Strategies in the figures (at most {figures.MAX_SERIES}; default: the best variant of each)",
+            elem_id="mv-bench-strategies",
+        )
+        speed = gr.Plot(label="Speedup by category")
+        accepted = gr.Plot(label="Accepted tokens by category")
         pareto = gr.Plot(label="Speed against quality")
+        current = gr.State("")
 
         def show(path):
             if not path:
-                return (gr.skip(),) * 5
+                return (gr.skip(),) * 7
             try:
-                return (measured_on(path), *views(read_summary(path)))
+                summary = read_summary(path)
             except UserError as e:
                 raise gr.Error(str(e)) from None
+            labels = [s for s in dict.fromkeys(summary["strategy"]) if s != "autoregressive"]
+            best = figures.best_variants(summary)
+            return (str(path), measured_on(path), gr.CheckboxGroup(choices=labels, value=best), *views(summary, best))
 
-        outputs = [where, table, speed, accepted, pareto]
+        def redraw(path, strategies):
+            if not path:
+                return (gr.skip(),) * 3
+            if len(strategies) > figures.MAX_SERIES:
+                gr.Warning(f"the figures show the first {figures.MAX_SERIES} chosen strategies")
+            return views(read_summary(path), strategies[: figures.MAX_SERIES])[1:]
+
+        outputs = [current, where, chosen, table, speed, accepted, pareto]
         example.change(lambda name: show(examples.get(name)), example, outputs, api_visibility="private")
         upload.upload(show, upload, outputs, api_visibility="private")
+        chosen.input(redraw, [current, chosen], [speed, accepted, pareto], api_visibility="private")
         tab.load(lambda name: show(examples.get(name)), example, outputs, api_visibility="private")
     return tab

@@ -7,8 +7,12 @@ import plotly.graph_objects as go
 from mtp_viz.trace import Trace
 from mtp_viz.viz.style import (
     DRAFT_TIME_COLOUR,
+    FAMILY_COLOURS,
+    FAMILY_MARKERS,
     OTHER_TIME_COLOUR,
     P_COLOUR,
+    PEER_COLOUR,
+    PEER_MARKER,
     Q_COLOUR,
     VERDICT_COLOURS,
     VERIFY_TIME_COLOUR,
@@ -214,33 +218,90 @@ def theory_curves(
     return fig
 
 
-def category_bars(summary, value: str, title: str) -> go.Figure:
-    """A bench summary table → grouped bars of `value` per category, one colour per strategy."""
+MAX_SERIES = 8  # no figure draws more series than this: a projector can't show more
+PEER_PREFIX = "hf_"  # transformers' peers in bench tables
+
+
+def family(label: str) -> str:
+    """ "mtp_heads:tree=chain" → "mtp_heads": the strategy a bench label is a variant of."""
+    return str(label).split(":")[0]
+
+
+def family_style(label: str) -> tuple[str, str]:
+    """(colour, marker) of a bench label: its family's, or the peers' grey cross."""
+    if str(label).startswith(PEER_PREFIX):
+        return PEER_COLOUR, PEER_MARKER
+    f = family(label)
+    return FAMILY_COLOURS.get(f, "#374151"), FAMILY_MARKERS.get(f, "circle")
+
+
+def best_variants(summary, limit: int = MAX_SERIES) -> list[str]:
+    """The variant of each strategy family with the best overall speedup, best first, then the
+    fastest transformers peer, at most `limit`; autoregressive (the 1.0 line) left out."""
+    overall = summary[summary["category"] == "overall"].sort_values("speedup", ascending=False)
+    chosen, families, peer = [], set(), None
+    for label in overall["strategy"]:
+        if str(label).startswith(PEER_PREFIX):
+            peer = peer or label
+        elif label != "autoregressive" and family(label) not in families:
+            families.add(family(label))
+            chosen.append(label)
+    return (chosen + ([peer] if peer else []))[:limit]
+
+
+def _bench_layout(fig: go.Figure, title: str, **extra) -> go.Figure:
+    """The bench figures' layout: legend below the plot (never over the bars), room for it."""
+    layout = {**LAYOUT, "legend": dict(orientation="h", x=0, y=-0.18, yanchor="top"), "height": 420}
+    layout["margin"] = dict(l=50, r=20, t=40, b=110)
+    fig.update_layout(**layout, title=title, **extra)
+    return fig
+
+
+def category_bars(summary, value: str, title: str, strategies: list[str] | None = None) -> go.Figure:
+    """A bench summary table → bars of `value` per category for at most MAX_SERIES strategies
+    (default: the best variant of each family), coloured by family; speedup 1.0 drawn as a line."""
+    strategies = list(strategies if strategies is not None else best_variants(summary))[:MAX_SERIES]
     fig = go.Figure()
-    for strategy, rows in summary.groupby("strategy", sort=False):
-        fig.add_bar(x=[html.escape(str(c)) for c in rows["category"]], y=rows[value], name=html.escape(str(strategy)))
-    fig.update_layout(**LAYOUT, barmode="group", title=title)
-    return fig
-
-
-def speed_quality(summary, quality: str = "agreement") -> go.Figure:
-    """Overall speedup against quality (agreement with autoregressive) per strategy: the Pareto view
-    of lossy strategies (lossless ones sit at agreement 1)."""
-    overall = summary[summary["category"] == "overall"]
-    fig = go.Figure(
-        go.Scatter(
-            x=overall["speedup"],
-            y=overall[quality],
-            mode="markers+text",
-            text=[html.escape(str(s)) for s in overall["strategy"]],
-            textposition="top center",
-            marker=dict(size=11),
+    categories = list(dict.fromkeys(summary["category"]))
+    seen: dict[str, int] = {}  # family → variants drawn so far: later ones are hatched
+    for label in strategies:
+        rows = summary[summary["strategy"] == label].set_index("category")
+        colour, _ = family_style(label)
+        n = seen[family(label)] = seen.get(family(label), -1) + 1
+        fig.add_bar(
+            x=[html.escape(str(c)) for c in categories],
+            y=[rows[value].get(c) for c in categories],
+            name=html.escape(str(label)),
+            marker_color=colour,
+            marker_pattern_shape=("", "/", "x", ".", "-")[n % 5],
         )
-    )
-    fig.update_layout(
-        **LAYOUT, title=f"Speed against quality ({quality})", xaxis_title="speedup (x)", yaxis_title=quality
-    )
-    return fig
+    if value == "speedup":
+        fig.add_hline(y=1.0, line_color="#111827", line_dash="dot", annotation_text="autoregressive")
+    if not strategies:
+        _empty_note(fig, "choose strategies to compare")
+    return _bench_layout(fig, title, barmode="group")
+
+
+def speed_quality(summary, quality: str = "agreement", strategies: list[str] | None = None) -> go.Figure:
+    """Overall speedup against quality (agreement with autoregressive) per strategy: the Pareto view
+    of lossy strategies (lossless ones sit at agreement 1). One marker per strategy, its family's
+    colour and shape; names in the legend and on hover, never as overlapping text."""
+    strategies = list(strategies if strategies is not None else best_variants(summary))[:MAX_SERIES]
+    overall = summary[summary["category"] == "overall"].set_index("strategy").reindex(strategies).reset_index()
+    fig = go.Figure()
+    for _, row in overall.iterrows():
+        colour, marker = family_style(row["strategy"])
+        name = html.escape(str(row["strategy"]))
+        fig.add_scatter(
+            x=[row["speedup"]],
+            y=[row[quality]],
+            mode="markers",
+            name=name,
+            marker=dict(size=13, color=colour, symbol=marker, line=dict(width=1, color="#111827")),
+            hovertemplate=f"{name}<br>speedup %{{x:.2f}}x<br>{quality} %{{y:.3f}}<extra></extra>",
+        )
+    fig.add_vline(x=1.0, line_color="#9ca3af", line_dash="dot")
+    return _bench_layout(fig, f"Speed against quality ({quality})", xaxis_title="speedup (x)", yaxis_title=quality)
 
 
 def exit_agreement_bars(agreement: dict[int, float] | None) -> go.Figure:

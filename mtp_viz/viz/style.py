@@ -41,3 +41,26 @@ VERIFY_TIME_COLOUR = "#60a5fa"
 OTHER_TIME_COLOUR = "#e5e7eb"
 P_COLOUR = "#2563eb"  # target probability
 Q_COLOUR = "#f59e0b"  # draft probability
+
+# Strategy families (the part of a bench label before ":"), one colour and marker each, so a
+# variant reads as its family in every figure; transformers' peers share one grey family look.
+FAMILY_COLOURS = {
+    "autoregressive": "#6b7280",
+    "speculative": "#2563eb",
+    "prompt_lookup": "#16a34a",
+    "lookahead": "#ca8a04",
+    "self_speculative": "#9333ea",
+    "mtp_heads": "#dc2626",
+    "conf_adapt": "#db2777",
+}
+PEER_COLOUR = "#9ca3af"
+FAMILY_MARKERS = {
+    "autoregressive": "circle",
+    "speculative": "square",
+    "prompt_lookup": "diamond",
+    "lookahead": "triangle-up",
+    "self_speculative": "triangle-down",
+    "mtp_heads": "star",
+    "conf_adapt": "hexagon",
+}
+PEER_MARKER = "x"

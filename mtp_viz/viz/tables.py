@@ -63,3 +63,30 @@ def summary_html(trace: Trace, baseline_tokens_per_s: float | None = None) -> st
     )
     where = html.escape(f"measured on {describe(trace.machine)}")
     return f"<div>{body}</div><div style='font-size:12px;color:#6b7280'>{who}<br>{where}</div>"
+
+
+# The bench table leads with what people ask: (column, summary column) for the overall row.
+BENCH_COLUMNS = {
+    "speedup": "speedup",
+    "tokens per forward": "mean_accepted_tokens",
+    "identical to AR": "identical_share",
+    "agreement": "agreement",
+}
+
+
+def bench_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """A bench summary (a row per category and strategy) → one row per strategy: the overall
+    speedup, tokens per target forward and quality, then the speedup per category; transformers'
+    peers marked, fastest first."""
+    overall = summary[summary["category"] == "overall"].set_index("strategy")
+    per_category = summary[summary["category"] != "overall"].pivot(
+        index="strategy", columns="category", values="speedup"
+    )
+    table = pd.DataFrame(index=overall.index)
+    table["kind"] = ["peer (transformers)" if str(s).startswith("hf_") else "ours" for s in overall.index]
+    for column, key in BENCH_COLUMNS.items():
+        table[column] = overall[key] if key in overall else float("nan")  # older summaries lack some
+    for category in dict.fromkeys(summary.loc[summary["category"] != "overall", "category"]):
+        table[f"{category} speedup"] = per_category[category]
+    table = table.sort_values("speedup", ascending=False).reset_index()
+    return table.round(3)
