@@ -2,6 +2,7 @@
 and the timeline, scrub a step, no error toast; an uploaded hostile trace injects no element.
 Screenshots land in test-artifacts/."""
 
+import re
 import shutil
 from pathlib import Path
 
@@ -51,6 +52,21 @@ def _no_error_toast(page) -> None:
     assert page.get_by_text("Error", exact=True).count() == 0
 
 
+def _wait_for_own_run(page) -> None:
+    """Explore opens on a recorded example; wait until the run replaced it (note gone, our model shown)."""
+    page.wait_for_selector("#mv-first-look .mv-first-look", state="detached", timeout=120_000)
+    page.wait_for_selector("#mv-summary :text('prompt_lookup · tiny'), #mv-summary :text('· tiny')", timeout=120_000)
+
+
+def test_first_look_is_a_drawn_example(page):
+    """Before any Run, Explore shows a recorded example: tokens, timeline and replay, and says so."""
+    page.wait_for_selector("#mv-first-look .mv-first-look", timeout=30_000)
+    assert "recorded example" in page.locator("#mv-first-look").inner_text()
+    page.wait_for_selector("#mv-token-view .mv-tok", timeout=30_000)
+    page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 3", timeout=30_000)
+    page.screenshot(path=str(ARTIFACTS / "first-look.png"), full_page=True)
+
+
 def test_run_stream_scrub(page):
     page.locator("#mv-strategy input").click()
     page.get_by_role("option", name="prompt_lookup").click()
@@ -58,9 +74,12 @@ def test_run_stream_scrub(page):
     prompt = page.locator("#mv-prompt textarea")
     prompt.fill("the cat sat on the mat and the cat sat on the")
     page.get_by_role("button", name="Run", exact=True).click()
-    page.wait_for_selector("#mv-token-view .mv-tok", timeout=60_000)
-    page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+    _wait_for_own_run(page)
     page.wait_for_selector("text=Step 0 of", timeout=60_000)
+    summary = page.locator("#mv-summary").inner_text()
+    assert "prompt_lookup · tiny" in summary
+    assert re.search(r"speedup vs autoregressive\s*\d+\.\d\dx", summary), summary  # measured, no extra click
+    assert "against the autoregressive run" in summary
     assert page.locator("#mv-token-view .mv-tok").count() > 3
     assert page.locator("#mv-token-view .mv-tok.accepted").count() > 0  # drafts were copied and kept
     slider = page.locator("#mv-step-slider input[type='number']")
@@ -79,7 +98,9 @@ def test_uploaded_trace_with_markup_tokens_injects_nothing(page, tmp_path):
     path = tmp_path / "hostile.json"
     trace.save(path)
     page.locator("input[type='file']").last.set_input_files(str(path))
-    page.wait_for_selector("#mv-token-view .mv-tok", timeout=30_000)
+    page.wait_for_function(  # the upload replaced the example Explore opened on
+        "text => document.querySelector('#mv-token-view').innerText.includes(text)", arg=XSS, timeout=30_000
+    )
     assert page.locator("#mv-token-view img").count() == 0
     assert page.locator("#mv-token-view b").count() == 0
     assert XSS in page.locator("#mv-token-view").inner_text()
@@ -108,9 +129,11 @@ def test_generated_markup_tokens_inject_nothing(page):
 
     page.locator("#mv-model input").click()
     page.get_by_role("option", name="Markup tokens").click()
+    page.locator("#mv-strategy input").click()
+    page.get_by_role("option", name="autoregressive", exact=True).click()
     page.locator("#mv-prompt textarea").fill("say <script>alert(3)</script> and <img src=y onerror=alert(4)>")
     page.get_by_role("button", name="Run", exact=True).click()
-    page.wait_for_selector("#mv-token-view .mv-tok", timeout=60_000)
+    _wait_for_own_run(page)
     page.wait_for_selector("text=Step 0 of", timeout=60_000)
     shown = page.locator("#mv-token-view").inner_text()
     assert any(m in shown for m in MARKUP), shown  # the model did write markup

@@ -219,3 +219,27 @@ def test_measure_this_machine_writes_a_labelled_profile_and_stops_when_closed(us
     next(stopped)
     stopped.close()  # the Stop button: the measurement ends, nothing is written
     assert not path.exists()
+
+
+def test_explore_defaults_to_the_strategy_that_shows_the_idea_and_measures_its_own_baseline(use_tiny_registry):
+    from mtp_viz.registry import load_registry
+    from mtp_viz.ui import service
+    from mtp_viz.ui.explore import default_strategy
+
+    registry = load_registry()
+    assert default_strategy(registry, "tiny") == "speculative"  # it has a draft, no heads
+    assert default_strategy(registry, "tiny-markup") == "prompt_lookup"  # nothing trained: n-grams
+    request = service.build_request("the cat sat", "tiny", "prompt_lookup", max_new_tokens=6)
+    base = service.run_to_end(service.as_baseline(request))
+    assert base.strategy == "autoregressive" and base.settings["max_new_tokens"] == 6
+    assert service.request_baseline_key(request) == service.baseline_key(base)  # found again, not re-run
+    other = service.build_request("the dog ran", "tiny", "prompt_lookup", max_new_tokens=6)
+    assert service.request_baseline_key(other) != service.baseline_key(base)
+
+
+def test_the_embedded_model_opens_on_its_mtp_heads():
+    from mtp_viz.registry import load_registry
+    from mtp_viz.ui.explore import default_strategy
+
+    registry = load_registry()  # the shipped models.yaml
+    assert default_strategy(registry, registry.default_for("cpu")) == "mtp_heads"

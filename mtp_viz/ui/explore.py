@@ -36,6 +36,31 @@ def example_traces() -> dict[str, Path]:
     return {p.stem: p for p in sorted(EXAMPLE_TRACES.glob("*.json"))}
 
 
+FIRST_LOOK = "prompt-lookup-code-edit"  # the recorded example Explore opens on (assets/examples)
+
+
+def default_strategy(registry: Registry, model: str) -> str:
+    """The strategy that best shows the idea with this model here: its trained MTP heads (the
+    fastest lossless strategy measured on the CPU, docs/BENCHMARKS.md), else its draft model,
+    else prompt lookup, which needs nothing."""
+    entry = registry.models.get(model)
+    if entry is not None and entry.heads:
+        return "mtp_heads"
+    if entry is not None and entry.drafts:
+        return "speculative"
+    return "prompt_lookup"
+
+
+def first_look_note(name: str, trace: Trace) -> str:
+    import html
+
+    return (
+        f"<div class='mv-first-look'>This is a <b>recorded example</b> ({html.escape(name)}: "
+        f"{html.escape(trace.strategy)} on {html.escape(trace.model)}): the coloured tokens, the timeline and the "
+        "replay below are drawn from its trace, with no computation. <b>Run</b> replaces it with your own.</div>"
+    )
+
+
 def render(trace: Trace, baselines: dict[str, float]):
     """Everything the tab shows for a finished (or uploaded) trace."""
     last = max(0, len(trace.steps) - 1)
@@ -63,7 +88,10 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
             with gr.Column(scale=1, min_width=280):
                 model = gr.Dropdown(model_choices, value=default_model, label="Model (target)", elem_id="mv-model")
                 strategy = gr.Dropdown(
-                    list(STRATEGIES), value="autoregressive", label="Strategy", elem_id="mv-strategy"
+                    list(STRATEGIES),
+                    value=default_strategy(registry, default_model),
+                    label="Strategy",
+                    elem_id="mv-strategy",
                 )
                 draft = gr.Dropdown(
                     [("(none)", "")] + model_choices, value=first_draft, label="Draft model", visible=False
@@ -77,6 +105,11 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                 top_p = gr.Slider(0.01, 1.0, value=1.0, step=0.01, label="Top-p (1 = off)")
                 seed = gr.Number(0, precision=0, minimum=0, label="Seed")
                 raw = gr.Checkbox(False, label="Raw prompt (no chat template)")
+                with_baseline = gr.Checkbox(
+                    True,
+                    label="Measure autoregressive too (same prompt and settings), for the speedup",
+                    elem_id="mv-with-baseline",
+                )
             with gr.Column(scale=3):
                 prompt = gr.Textbox(
                     label=f"Prompt (up to {MAX_PROMPT_CHARS:,} characters)",
@@ -88,7 +121,8 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                 with gr.Row():
                     go = gr.Button("Run", variant="primary")
                     stop = gr.Button("Stop", variant="stop")
-                summary = gr.HTML()
+                first_look = gr.HTML(elem_id="mv-first-look")
+                summary = gr.HTML(elem_id="mv-summary")
                 tokens = gr.HTML(elem_id="mv-token-view")
                 gr.Markdown(notes.TOKENS)
         timeline = gr.Plot(label="Step timeline")
@@ -128,7 +162,19 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
 
         @on_gpu
         def explore_run(
-            prompt, model, strategy, draft, max_new, temperature, top_k, top_p, seed, raw, baselines, *values
+            prompt,
+            model,
+            strategy,
+            draft,
+            max_new,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            raw,
+            with_baseline,
+            baselines,
+            *values,
         ):
             try:
                 request = service.build_request(
@@ -151,6 +197,16 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                     *[gr.skip()] * 8,
                     gr.skip(),
                 )
+                key = service.request_baseline_key(request)
+                if with_baseline and request.strategy != "autoregressive" and key not in baselines:
+                    yield (
+                        gr.skip(),
+                        "<i>measuring autoregressive decoding first (same prompt and settings), for the speedup…</i>",
+                        *[gr.skip()] * 8,
+                        gr.skip(),
+                    )
+                    base = service.run_to_end(service.as_baseline(request))
+                    baselines = {**baselines, service.baseline_key(base): base.summary["tokens_per_s"]}
                 for steps, trace in service.stream(request):
                     if trace is None:
                         yield (tokens_html(steps), f"<i>decoding… step {len(steps)}</i>", *[gr.skip()] * 8, gr.skip())
@@ -199,6 +255,7 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                 top_p,
                 seed,
                 raw,
+                with_baseline,
                 baselines,
                 *settings.values(),
             ],
@@ -207,6 +264,7 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
             api_visibility="undocumented",
             concurrency_limit=4,
         )
+        run_event.then(lambda: "", None, first_look, api_visibility="private")  # the example is replaced
         stop.click(None, None, None, cancels=[run_event], api_visibility="private")
         step_slider.change(replay, [trace_state, step_slider], [tokens, detail, pq], api_visibility="private")
         prev_btn.click(lambda t, i: shift(t, i, -1), [trace_state, step_slider], step_slider, api_visibility="private")
@@ -218,4 +276,12 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
             outputs,
             api_visibility="private",
         )
+        examples = example_traces()
+        if FIRST_LOOK in examples:  # first paint: a recorded example, already drawn
+
+            def first_paint(b):
+                trace = Trace.load(examples[FIRST_LOOK])
+                return (first_look_note(FIRST_LOOK, trace), *render(trace, b))
+
+            tab.load(first_paint, baselines, [first_look, *outputs], api_visibility="private")
     return tab

@@ -46,11 +46,17 @@ def summary_html(trace: Trace, baseline_tokens_per_s: float | None = None) -> st
         ("mean accepted tokens", f"{s['mean_accepted_tokens']:.2f}"),
         ("acceptance rate", f"{s['acceptance_rate']:.1%}" if s["drafted_tokens"] else "—"),
     ]
+    against = ""
     if trace.strategy != "autoregressive":
-        speedup = (
-            f"{s['tokens_per_s'] / baseline_tokens_per_s:.2f}x" if baseline_tokens_per_s else "run autoregressive first"
-        )
-        cells.append(("speedup vs autoregressive", speedup))
+        if baseline_tokens_per_s:
+            cells.append(("speedup vs autoregressive", f"{s['tokens_per_s'] / baseline_tokens_per_s:.2f}x"))
+            against = (
+                f"speedup against the autoregressive run of the same prompt and settings in this session "
+                f"({baseline_tokens_per_s:.1f} tokens/s)"
+            )
+        else:
+            cells.append(("speedup vs autoregressive", "not measured"))
+            against = "no autoregressive run of this prompt yet: tick “Measure autoregressive too” for the speedup"
     body = "".join(
         f"<div style='display:inline-block;margin:0 18px 6px 0'><div style='font-size:12px;color:#6b7280'>"
         f"{html.escape(k)}</div><div style='font-size:20px;font-weight:600'>{html.escape(v)}</div></div>"
@@ -62,7 +68,8 @@ def summary_html(trace: Trace, baseline_tokens_per_s: float | None = None) -> st
         + f" · {trace.device} {trace.dtype} · stop: {trace.stop_reason}"
     )
     where = html.escape(f"measured on {describe(trace.machine)}")
-    return f"<div>{body}</div><div style='font-size:12px;color:#6b7280'>{who}<br>{where}</div>"
+    against = f"<br>{html.escape(against)}" if against else ""
+    return f"<div>{body}</div><div style='font-size:12px;color:#6b7280'>{who}<br>{where}{against}</div>"
 
 
 # The bench table leads with what people ask: (column, summary column) for the overall row.
