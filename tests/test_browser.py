@@ -87,6 +87,10 @@ def test_run_stream_scrub(page):
     slider.press("Enter")
     page.wait_for_selector("text=Step 2 of", timeout=30_000)
     assert page.locator("#mv-token-view .mv-selected[data-step='2']").count() == 1
+    page.locator("#mv-phase").get_by_text("accept / reject").click()  # the guided walk through step 2
+    page.wait_for_selector("#mv-walk :text('Step 2: accept / reject')", timeout=30_000)
+    walk = page.locator("#mv-walk").inner_text()
+    assert "guesses are kept" in walk or "Nothing was drafted" in walk, walk
     _no_error_toast(page)
     page.screenshot(path=str(ARTIFACTS / "explore.png"), full_page=True)
 

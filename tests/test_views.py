@@ -149,3 +149,19 @@ def test_metrics_table_and_summary():
     assert list(table["speedup"]) == [1.0, 2.0]
     assert "speedup vs autoregressive" in summary_html(fast, base.summary["tokens_per_s"])
     assert "2.00x" in summary_html(fast, base.summary["tokens_per_s"])
+
+
+def test_walkthrough_lights_up_each_phase_of_a_step():
+    from mtp_viz.viz.tokens import PHASES, walkthrough_html
+
+    trace = canned_trace()
+    rejected, bonus = trace.steps[1], trace.steps[2]
+    pages = {phase: walkthrough_html(rejected, phase) for phase in PHASES}
+    assert pages["draft"].count("mv-tok mv-focus") == 3 and "guesses 3 tokens" in pages["draft"]
+    assert pages["accept / reject"].count("mv-tok mv-focus") == 2  # judged: the kept one and the refused one
+    assert "1 of 3 guesses are kept" in pages["accept / reject"]
+    assert "resampled" in pages["bonus / resample"] and "code" in pages["bonus / resample"]
+    assert "bonus token" in walkthrough_html(bonus, "bonus / resample")
+    assert pages["commit"].count("mv-tok mv-focus") == 2 and "commits 2 tokens" in pages["commit"]
+    assert all(XSS not in page and "<b>no</b>" not in page for page in pages.values())  # escaped
+    assert "Nothing was drafted" in walkthrough_html(trace.steps[0], "draft")

@@ -15,7 +15,7 @@ from mtp_viz.ui import controls, notes, service
 from mtp_viz.ui.gpu import on_gpu
 from mtp_viz.viz import figures
 from mtp_viz.viz.tables import summary_html
-from mtp_viz.viz.tokens import step_detail_html, tokens_html
+from mtp_viz.viz.tokens import PHASES, step_detail_html, tokens_html, walkthrough_html
 
 UI_MAX_NEW_TOKENS = min(1024, MAX_NEW_TOKENS_LIMIT)
 EXAMPLE_TRACES = Path(__file__).resolve().parent.parent.parent / "assets" / "examples"
@@ -139,6 +139,10 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
         with gr.Row():
             detail = gr.HTML()
             pq = gr.Plot(label="p and q")
+        phase = gr.Radio(
+            list(PHASES), value=PHASES[0], label="Walk through this step (for teaching)", elem_id="mv-phase"
+        )
+        walk = gr.HTML(elem_id="mv-walk")
         gr.Markdown(notes.REPLAY)
         with gr.Row():
             download = gr.File(label="Download this run's trace (JSON)", interactive=False)
@@ -267,6 +271,14 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
         run_event.then(lambda: "", None, first_look, api_visibility="private")  # the example is replaced
         stop.click(None, None, None, cancels=[run_event], api_visibility="private")
         step_slider.change(replay, [trace_state, step_slider], [tokens, detail, pq], api_visibility="private")
+
+        def walk_through(trace, index, chosen):
+            if trace is None or not trace.steps:
+                return ""
+            return walkthrough_html(trace.steps[min(max(int(index), 0), len(trace.steps) - 1)], chosen)
+
+        for trigger in (step_slider, phase, trace_state):
+            trigger.change(walk_through, [trace_state, step_slider, phase], walk, api_visibility="private")
         prev_btn.click(lambda t, i: shift(t, i, -1), [trace_state, step_slider], step_slider, api_visibility="private")
         next_btn.click(lambda t, i: shift(t, i, +1), [trace_state, step_slider], step_slider, api_visibility="private")
         upload.upload(open_trace, [upload, baselines], outputs, api_visibility="private")

@@ -211,3 +211,65 @@ def step_detail_html(trace: Trace, index: int) -> str:
         f"{style}<h4>Step {step.index} of {len(trace.steps) - 1}</h4>{drafted}"
         f"<p><b>Emitted:</b> {emitted or 'nothing'}</p><p>{e(timing)}</p>"
     )
+
+
+# A guided walk through one step, for teaching: each phase lights up the step's own tokens.
+PHASES = ("draft", "verify", "accept / reject", "bonus / resample", "commit")
+WALK_CSS = ".mv-walk .mv-tok{opacity:.3}.mv-walk .mv-focus{opacity:1;outline:2px solid #111827;outline-offset:1px}"
+
+
+def walkthrough_html(step: Step, phase: str) -> str:
+    """One step at one phase of draft → verify → accept/reject → bonus/resample → commit: the
+    step's drafted and emitted tokens, those the phase is about outlined, and one sentence."""
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r}")
+    n, kept = len(step.drafted), step.accepted
+    finisher = step.emitted[-1] if step.emitted and len(step.emitted) > kept else None
+    drafts = []
+    for i, d in enumerate(step.drafted):
+        colour = {"draft": SKIPPED_COLOUR, "verify": SKIPPED_COLOUR}.get(phase, VERDICT_COLOURS[step.verdicts[i]])
+        focus = phase in ("draft", "verify") or (phase == "accept / reject" and step.verdicts[i] != "skipped")
+        focus = focus or (phase == "commit" and step.verdicts[i] == VERDICT_ACCEPTED)
+        drafts.append(_span(d.text, colour, draft_tooltip(step, i), "mv-focus" if focus else ""))
+    tail = ""
+    if finisher is not None and phase in ("bonus / resample", "commit"):
+        tail = _span(finisher.text, ORIGIN_COLOURS[finisher.origin], emitted_tooltip(step, finisher, None), "mv-focus")
+    ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
+    source = step.drafted[0].source if n else ""
+    if not n:
+        sentence = (
+            "Nothing was drafted in this step: the target ran one ordinary forward and produced one token "
+            f"({ms(step.verify_s)}). Pick a step with drafts to walk through speculation."
+        )
+    elif phase == "draft":
+        sentence = f"The drafter ({source}) guesses {n} token{'s' * (n != 1)} cheaply, in {ms(step.draft_s)}."
+    elif phase == "verify":
+        sentence = (
+            f"The target scores the last token and all {n} guesses in one forward ({ms(step.verify_s)}): "
+            "p, its probability for each guess, is on hover."
+        )
+    elif phase == "accept / reject":
+        sentence = (
+            f"{kept} of {n} guesses are kept (green); the first one the target refuses (red) ends the block, "
+            "and guesses after it are never judged."
+        )
+    elif phase == "bonus / resample":
+        if finisher is None:
+            sentence = "The output ended inside the block (EOS or the token budget), so no extra token follows."
+        elif kept == n:
+            sentence = "Every guess was kept, so the target's own next token after them comes free: the bonus token."
+        else:
+            sentence = (
+                "At the refused position the target puts its own token instead (resampled from what is left of "
+                "its distribution), so the step still makes progress."
+            )
+    else:
+        sentence = (
+            f"The step commits {len(step.emitted)} token{'s' * (len(step.emitted) != 1)} for one target forward; "
+            f"the KV cache keeps only their entries (now {step.kv_len} long)."
+        )
+    tokens = "".join(drafts) + tail
+    return (
+        f"<style>{TOKEN_CSS}{WALK_CSS}</style><div class='mv-walk'><b>Step {step.index}: "
+        f"{html.escape(phase)}</b><div class='mv-tokens'>{tokens}</div><p>{html.escape(sentence)}</p></div>"
+    )
