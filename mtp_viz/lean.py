@@ -221,9 +221,14 @@ class LeanModel:
         # compiled: fixed shapes, so every step reuses one graph; attend over the whole capacity
         full = torch.zeros(s, kv.capacity, dtype=torch.bool)
         full[:, :end] = True if allowed is None else allowed
-        return self.compiled(
-            hidden, cos, sin, slots, kv.data, full.to(self.device)[None, None], kv.capacity, first, last
-        )
+        mask = full.to(self.device)[None, None]
+        try:
+            return self.compiled(hidden, cos, sin, slots, kv.data, mask, kv.capacity, first, last)
+        except Exception as e:  # a shape or op the warm-up did not meet: eager from here on, never a crash
+            log.warning("the compiled forward failed (%s: %s); running eager", type(e).__name__, str(e)[:200])
+            self._compiled, self.use_compiled = None, False
+            mask = None if allowed is None else allowed.to(self.device)[None, None]
+            return self.core(hidden, cos, sin, slots, kv.data, mask, end, first, last)
 
     @property
     def compiled(self):

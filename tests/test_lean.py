@@ -175,3 +175,17 @@ def test_transformers_static_compile_peer_decodes_the_same_tokens(use_tiny_regis
     plain = run_peer(HF_GENERATE, loaded, ids, 6)
     compiled = run_peer(HF_STATIC_COMPILE, loaded, ids, 6)
     assert compiled.output_token_ids == plain.output_token_ids and compiled.wall_time_s > 0
+
+
+def test_a_compiled_forward_that_fails_mid_run_falls_back_to_eager():
+    model = tiny_model("llama-2l", seed=1)
+    generation = GenerationSettings(max_new_tokens=12)
+    eager = decode(model, "autoregressive", IDS[:7], generation)[0]
+    lean = lean_model(model)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a graph that cannot run here")
+
+    lean._compiled, lean.use_compiled = broken, True
+    assert decode(model, "autoregressive", IDS[:7], generation)[0] == eager
+    assert lean.compiled is None  # and it stays eager
