@@ -243,3 +243,29 @@ def test_the_embedded_model_opens_on_its_mtp_heads():
 
     registry = load_registry()  # the shipped models.yaml
     assert default_strategy(registry, registry.default_for("cpu")) == "mtp_heads"
+
+
+def test_deploy_costs_come_from_the_loaded_models(use_tiny_registry):
+    """A draft model costs its own parameters and its KV cache at the run's length; prompt lookup
+    and autoregressive decoding cost nothing extra; the /compare metrics rows carry both figures."""
+    from mtp_viz.deploy import deploy_costs, kv_cache_bytes
+    from mtp_viz.models import load_model
+    from mtp_viz.ui import service
+    from mtp_viz.ui.app import api_compare
+
+    traces = [
+        service.run_to_end(service.build_request("the cat sat", "tiny", s, max_new_tokens=8))
+        for s in ("autoregressive", "prompt_lookup", "speculative")
+    ]
+    base, lookup, spec = deploy_costs(traces)
+    draft = load_model("tiny-draft").model
+    params = sum(p.numel() for p in draft.parameters())
+    length = len(traces[2].prompt_token_ids) + len(traces[2].output_token_ids)
+    assert spec.extra_models == 1 and spec.extra_params == params
+    expected_mb = (params * 4 + kv_cache_bytes(draft, length)) / 2**20
+    assert spec.extra_memory_mb == pytest.approx(expected_mb, abs=1e-3)
+    assert spec.draft_forwards_per_token > 0 and "off-the-shelf" in spec.training
+    assert base.extra_params == lookup.extra_params == 0 and base.extra_memory_mb == 0.0
+    assert base.target_forwards_per_token == 1.0
+    rows = api_compare("the cat sat", ["speculative"], model="tiny", max_new_tokens=6)["metrics"]
+    assert rows[0]["extra_params"] == 0 and rows[1]["extra_params"] == params and rows[1]["extra_memory_mb"] > 0

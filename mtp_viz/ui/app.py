@@ -5,6 +5,7 @@ Nothing heavy happens at import or build time: models load on the first run that
 
 import gradio as gr
 
+from mtp_viz.deploy import deploy_costs
 from mtp_viz.errors import UserError
 from mtp_viz.models import resolve_device
 from mtp_viz.registry import load_registry
@@ -96,7 +97,7 @@ def api_compare(
         raise gr.Error(str(e)) from None
     return {
         "traces": [t.to_dict() for t in traces],
-        "metrics": metrics_table(traces, baseline=traces[0]).to_dict(orient="records"),
+        "metrics": metrics_table(traces, baseline=traces[0], costs=deploy_costs(traces)).to_dict(orient="records"),
         "verdicts": verdicts(traces),
     }
 

@@ -5,6 +5,7 @@ import html
 
 import gradio as gr
 
+from mtp_viz.deploy import deploy_costs
 from mtp_viz.errors import UserError
 from mtp_viz.models import load_model
 from mtp_viz.quality import check_distribution, lossless_verdict
@@ -65,11 +66,13 @@ def token_views(traces: list[Trace]) -> list:
     return views
 
 
-def comparison_views(traces: list[Trace]):
-    """Token views, metrics table, speedup bars, verdicts and trace files for a finished comparison."""
+def comparison_views(traces: list[Trace], live: bool = True):
+    """Token views, metrics table, speedup bars, verdicts and trace files for a finished comparison.
+    Live runs also show what each strategy costs to deploy (from the models they just loaded);
+    uploaded traces do not, so that opening one never loads, let alone downloads, a model."""
     views = token_views(traces)
     base = traces[0]
-    table = metrics_table(traces, baseline=base)
+    table = metrics_table(traces, baseline=base, costs=deploy_costs(traces) if live else None)
     speed = figures.speedup_bars([t.strategy for t in traces], list(table["speedup"]))
     files = [service.trace_file(t) for t in traces]
     return (*views, table, speed, verdicts_html(verdicts(traces)), files)
@@ -203,7 +206,7 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
 
         def compare_uploaded(paths):
             try:
-                return comparison_views(uploaded_comparison(paths))
+                return comparison_views(uploaded_comparison(paths), live=False)
             except UserError as e:
                 raise gr.Error(str(e)) from None
 

@@ -16,14 +16,26 @@ METRIC_COLUMNS = {
 }
 
 
-def metrics_table(traces: list[Trace], baseline: Trace | None = None) -> pd.DataFrame:
+DEPLOY_COLUMNS = {  # column → DeployCost field (mtp_viz.deploy), where the costs are known
+    "extra models": "extra_models",
+    "extra_params": "extra_params",
+    "extra_memory_mb": "extra_memory_mb",
+    "training": "training",
+}
+
+
+def metrics_table(traces: list[Trace], baseline: Trace | None = None, costs: list | None = None) -> pd.DataFrame:
+    """One row per run; with `costs` (mtp_viz.deploy.deploy_costs), what each costs to deploy too."""
     rows = []
-    for t in traces:
+    for i, t in enumerate(traces):
         s = t.summary
         row = {col: (key(t) if callable(key) else s[key]) for col, key in METRIC_COLUMNS.items()}
         if baseline is not None:
             base = baseline.summary["tokens_per_s"]
             row["speedup"] = s["tokens_per_s"] / base if base else float("nan")
+        if costs is not None:
+            cost = costs[i]
+            row.update({col: getattr(cost, key) if cost else None for col, key in DEPLOY_COLUMNS.items()})
         rows.append(row)
     df = pd.DataFrame(rows)
     for col in ("tokens/s", "acceptance rate", "mean accepted tokens", "wall time (s)", "speedup"):
