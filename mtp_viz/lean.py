@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import PreTrainedModel
 
-from mtp_viz.kernels import Plan, fast_linear, plan_of
+from mtp_viz.kernels import STOCK_PLAN, FastLinear, fast_linear
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,6 @@ class Fused:
     qkv: torch.Tensor  # (q + 2·kv, H)
     qkv_bias: torch.Tensor | None
     gate_up: torch.Tensor  # (2·I, H)
-    plan: Plan
 
 
 def fuse(layer) -> Fused | None:
@@ -128,7 +127,7 @@ def fuse(layer) -> Fused | None:
         qkv = _fuse_into([m.weight for m in qkv_mods])
         qkv_bias = None if biases[0] is None else _fuse_into(biases)
         gate_up = _fuse_into([m.weight for m in gu_mods])
-    return Fused(qkv, qkv_bias, gate_up, plan_of(layer))
+    return Fused(qkv, qkv_bias, gate_up)
 
 
 def _fuse_into(params: list[nn.Parameter]) -> torch.Tensor:
@@ -288,7 +287,7 @@ class LeanModel:
             attn, mlp = layer.self_attn, layer.mlp
             x = rms_norm(layer.input_layernorm, hidden)  # (S, H)
             if fused is not None:
-                qkv = fast_linear(x, fused.qkv, fused.qkv_bias, fused.plan)  # (S, q + 2kv)
+                qkv = fast_linear(x, fused.qkv, fused.qkv_bias, plan_of_linear(attn.q_proj))  # (S, q + 2kv)
                 q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
             else:
                 q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
@@ -308,7 +307,8 @@ class LeanModel:
             hidden = hidden + attn.o_proj(out[0].transpose(0, 1).reshape(s, self.q_size))
             x = rms_norm(layer.post_attention_layernorm, hidden)
             if fused is not None:
-                gate, up = fast_linear(x, fused.gate_up, None, fused.plan).chunk(2, dim=-1)  # (S, I) each
+                gate_up = fast_linear(x, fused.gate_up, None, plan_of_linear(mlp.gate_proj))
+                gate, up = gate_up.chunk(2, dim=-1)  # (S, I) each
             else:
                 gate, up = mlp.gate_proj(x), mlp.up_proj(x)
             hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up)
@@ -339,6 +339,11 @@ def compile_unavailable(device: torch.device) -> str | None:
 def causal(n: int) -> torch.Tensor:
     """(n, n) bool lower triangle."""
     return torch.ones(n, n, dtype=torch.bool).tril()
+
+
+def plan_of_linear(module: nn.Module):
+    """The linear path a module runs under now (FastLinear's plan; F.linear for a plain nn.Linear)."""
+    return module.plan if isinstance(module, FastLinear) else STOCK_PLAN
 
 
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -189,3 +189,22 @@ def test_a_compiled_forward_that_fails_mid_run_falls_back_to_eager():
     lean._compiled, lean.use_compiled = broken, True
     assert decode(model, "autoregressive", IDS[:7], generation)[0] == eager
     assert lean.compiled is None  # and it stays eager
+
+
+def test_the_fused_projections_follow_the_models_current_linear_path(monkeypatch):
+    """Switching a model's linear path after its lean view exists switches the fused q|k|v and
+    gate|up products too (they read the plan of the modules they fuse at each call)."""
+    import mtp_viz.kernels as kernels
+    from mtp_viz.kernels import FIXED_PLAN, STOCK_PLAN, use_fast_linears
+
+    model = tiny_model("llama-2l")
+    use_fast_linears(model, FIXED_PLAN)
+    fused_rows = lean_model(model).fused[0].qkv.shape[0]
+    widths = []
+    real = kernels.F.linear
+    monkeypatch.setattr(kernels.F, "linear", lambda x, w, b=None: widths.append(w.shape[0]) or real(x, w, b))
+    CachedModel(model).forward(IDS[:3])
+    assert fused_rows not in widths  # the padded W @ xᵀ path
+    use_fast_linears(model, STOCK_PLAN)
+    CachedModel(model).forward(IDS[:3])
+    assert fused_rows in widths  # F.linear now
