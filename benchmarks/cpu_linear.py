@@ -1,4 +1,4 @@
-"""F.linear against mtp_viz.kernels.fast_linear on this machine, side by side.
+"""F.linear against the linear path this machine measured (mtp_viz.kernels), side by side.
 
     python benchmarks/cpu_linear.py [--model smollm2-135m] [--draft smollm2-135m-draft] [--repeats 7]
 
@@ -9,8 +9,9 @@
    each way in turn, round after round.
 3. Greedy autoregressive decoding of one Spec-Bench prompt: tokens/s each way, same tokens.
 
-Rounds are interleaved (stock, fast, stock, fast, …) and medians reported, so machine noise hits
-both alike. Only float32 on a CPU is affected; elsewhere both columns run F.linear.
+"fast" is the plan measured for the model on first load (`MTP_VIZ_LINEAR=auto`); "stock" is
+F.linear everywhere. Rounds are interleaved (stock, fast, stock, fast, …) and medians reported, so
+machine noise hits both alike. Only float32 on a CPU is affected; elsewhere both run F.linear.
 """
 
 import argparse
@@ -31,17 +32,26 @@ ROWS = (1, 2, 3, 4, 5, 8, 16, 32, 64)
 VERIFY_K = (1, 2, 3, 4, 5, 8, 10, 16)
 
 
+def use(models, way: str, plan: kernels.Plan) -> None:
+    """Every model on the measured plan ("fast") or on F.linear ("stock")."""
+    for m in models:
+        kernels.use_fast_linears(m, plan if way == "fast" else kernels.STOCK_PLAN)
+
+
 def products(model, repeats: int) -> None:
     layers = [m.weight for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
     groups = {"all layers": layers, "output head": [model.get_output_embeddings().weight]}
     print(f"\n1. products (ms; median of {repeats}; all weights in turn)")
-    print("| weights | rows | F.linear | fast_linear | ratio |\n|---|---|---|---|---|")
+    plan = kernels.plan_of(model)
+    print(f"measured plan: {plan.describe()}")
+    print("| weights | rows | F.linear | measured path | ratio |\n|---|---|---|---|---|")
     for label, weights in groups.items():
         for m in ROWS:
             xs = {w.shape[1]: torch.randn(m, w.shape[1]) for w in weights}
             times = {"stock": [], "fast": []}
             for _ in range(repeats):
-                for way, fn in (("stock", F.linear), ("fast", kernels.fast_linear)):
+                fast = lambda x, w: kernels.fast_linear(x, w, plan=plan)  # noqa: E731
+                for way, fn in (("stock", F.linear), ("fast", fast)):
                     start = time.perf_counter()
                     for w in weights:
                         fn(xs[w.shape[1]], w)
@@ -52,11 +62,15 @@ def products(model, repeats: int) -> None:
 
 def forwards(target, draft, repeats: int) -> None:
     runs = {"stock": [], "fast": []}
+    models = [target.model] + ([draft.model] if draft else [])
+    plans = [kernels.plan_of(m) for m in models]
     for _ in range(repeats):
         for way in runs:
-            kernels.set_enabled(way == "fast")
+            for m, plan in zip(models, plans, strict=True):
+                use([m], way, plan)
             runs[way].append(profile(target, draft, max_k=max(VERIFY_K), repeats=1))
-    kernels.set_enabled(True)
+    for m, plan in zip(models, plans, strict=True):
+        use([m], "fast", plan)
     print(f"\n2. whole forwards (median of {repeats} rounds; cost relative to the same way's one-token forward)")
     print("| way | one-token ms | " + " | ".join(f"k={k}" for k in VERIFY_K) + " | c |")
     print("|---|---|" + "---|" * (len(VERIFY_K) + 1))
@@ -78,13 +92,14 @@ def decoding(target, tokens: int, repeats: int) -> None:
         generation=GenerationSettings(max_new_tokens=tokens),
     )
     rate, outputs = {"stock": [], "fast": []}, {}
+    plan = kernels.plan_of(target.model)
     for _ in range(repeats):
         for way in rate:
-            kernels.set_enabled(way == "fast")
+            use([target.model], way, plan)
             trace = run(request)
             rate[way].append(trace.summary["tokens_per_s"])
             outputs[way] = trace.output_token_ids
-    kernels.set_enabled(True)
+    use([target.model], "fast", plan)
     s, f = (max(rate[w]) for w in ("stock", "fast"))
     print(f"\n3. greedy autoregressive, Spec-Bench 81, {tokens} tokens, best of {repeats}")
     print(
