@@ -67,8 +67,7 @@ class StaticKV:
     """
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device, capacity: int):
-        self.shape = (layers, 2, kv_heads, head_dim)
-        self.dtype, self.device = dtype, device
+        self.device = device
         self.data = self._alloc(torch.zeros(layers, 2, kv_heads, capacity, head_dim, dtype=dtype, device=device))
 
     @staticmethod

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from mtp_viz.cache import LEAN, engine_for
+from mtp_viz.cache import LEAN, CachedModel, engine_for
 from mtp_viz.clock import Clock
 from mtp_viz.detok import TextTracker
 from mtp_viz.errors import InvalidSettingsError, UserError
@@ -344,5 +344,8 @@ def prepare_engine(models: list[LoadedModel], compile_wanted: bool) -> dict[str,
 
 @torch.inference_mode()
 def _warm_up(loaded: LoadedModel, prompt_ids: list[int]) -> None:
-    """One short forward outside the timed region (allocations, lazy kernels)."""
-    loaded.model(torch.tensor([prompt_ids[:2]], device=loaded.device), use_cache=False)
+    """Short forwards outside the timed region, through the engine decoding will use (its lean
+    view, rotary tables, allocations, lazy kernels): two tokens, then one."""
+    cached = CachedModel(loaded.model)
+    cached.forward(prompt_ids[:2])
+    cached.forward(prompt_ids[:3] if len(prompt_ids) > 2 else prompt_ids[:2] + prompt_ids[:1])

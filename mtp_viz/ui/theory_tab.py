@@ -103,7 +103,8 @@ def build_theory() -> gr.Blocks:
         with gr.Row():
             measure = gr.Button("Measure this machine", variant="secondary", elem_id="mv-measure")
             stop = gr.Button("Stop", variant="stop", elem_id="mv-measure-stop")
-        mine = gr.State(str(service.machine_profile_path()) if service.machine_profile_path().is_file() else "")
+        cached = service.machine_profile_path()
+        mine = gr.State(str(cached) if cached.is_file() else "")
         measured = gr.Markdown(_measured_note(mine.value), elem_id="mv-measure-status")
         gr.Markdown(notes.EXITS)
         exits_plot = gr.Plot(label="Early-exit agreement by layer")
