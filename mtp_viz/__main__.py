@@ -105,23 +105,28 @@ def _add_train(sub) -> None:
     t = sub.add_parser(
         "train",
         help="train drafters for a frozen target: data (cached self-distillation set), draft (a small draft model), "
-        "heads (sequential MTP heads)",
+        "heads (sequential MTP heads), mtp (a mask-token MTP adapter, by self-distillation)",
     )
-    t.add_argument("what", choices=("data", "draft", "heads"))
+    t.add_argument("what", choices=("data", "draft", "heads", "mtp"))
     t.add_argument("--model", help="the frozen target (default: the device's default)")
     t.add_argument("--data", type=Path, help="data folder (default: <cache>/train/<model>)")
-    t.add_argument("--out", type=Path, help="where the trained draft or heads go (required for draft and heads)")
+    t.add_argument("--out", type=Path, help="where the trained draft, heads or adapter go (required but for data)")
     t.add_argument("--resume", action="store_true", help="continue from the last checkpoint (kept beside the data)")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--start-from", type=Path, help="draft/heads: continue training these saved weights")
+    t.add_argument("--start-from", type=Path, help="draft/heads/mtp: continue training these saved weights")
     t.add_argument("--instructions", type=int, help="data: round-1 prompts")
     t.add_argument("--self-instruct", type=int, help="data: round-2 prompts, written by the target itself")
     t.add_argument("--contexts", type=int, help="data: round-3 (summarise / context QA) prompts")
+    t.add_argument("--math", type=int, help="data: round-4 prompts (word problems, step by step)")
     t.add_argument("--max-new-tokens", type=int, help="data: tokens generated per prompt")
     t.add_argument("--batch-size", type=int, help="data: prompts decoded together")
     t.add_argument("--layers", type=int, help="draft: decoder layers")
     t.add_argument("--depth", type=int, help="heads: depths unrolled in training")
     t.add_argument("--vocab", type=int, help="reduced vocabulary size")
+    t.add_argument("--k-max", type=int, help="mtp: most predictions per forward trained (1 + masks)")
+    t.add_argument("--rank", type=int, help="mtp: LoRA rank")
+    t.add_argument("--gating", help="mtp: adapter at mask positions only (mask_only) or everywhere")
+    t.add_argument("--steps", type=int, help="mtp: optimizer steps (the training budget)")
     t.add_argument("--epochs", type=int)
     t.add_argument("--lr", type=float)
     t.add_argument("--device", default="cpu")
@@ -226,40 +231,47 @@ def _cmd_train(args) -> None:
 
     from mtp_viz.models import cache_root, load_model
     from mtp_viz.registry import load_registry
-    from mtp_viz.training.data import DataConfig, generate
+    from mtp_viz.training.data import MANIFEST, DataConfig, generate
     from mtp_viz.training.draft import DraftTrainConfig, train_draft
     from mtp_viz.training.heads import HeadsTrainConfig, train_heads
+    from mtp_viz.training.mask import MaskTrainConfig, train_mask
 
+    given = lambda **kw: {k: v for k, v in kw.items() if v is not None}  # noqa: E731
+    loop = given(epochs=args.epochs, lr=args.lr)
+    if args.what != "data" and args.out is None:
+        raise UserError(f"train {args.what} needs --out DIR")
+    if args.what == "mtp":  # settings checked before anything loads
+        defaults = MaskTrainConfig()
+        mask_loop = replace(defaults.loop, seed=args.seed, **loop, **given(max_steps=args.steps))
+        mask_cfg = MaskTrainConfig(**given(k_max=args.k_max, rank=args.rank, gating=args.gating), loop=mask_loop)
     name = args.model or load_registry().default_for(args.device)
     target = load_model(name, args.device, "float32")
     data = args.data or cache_root() / "train" / target.name
-    given = lambda **kw: {k: v for k, v in kw.items() if v is not None}  # noqa: E731
     data_flags = given(
         instructions=args.instructions,
         self_instruct=args.self_instruct,
         contexts=args.contexts,
+        math=args.math,
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
     )
+    if args.what != "data" and not data_flags and not (data / MANIFEST).is_file():
+        raise UserError(f"no training data in {data}; make it first: python -m mtp_viz train data --data {data}")
     # Without data flags an existing folder keeps its own settings (and is only finished if incomplete).
     generate(target, data, DataConfig(**data_flags, seed=args.seed) if data_flags else None)
     if args.what == "data":
         return
-    if args.out is None:
-        raise UserError(f"train {args.what} needs --out DIR")
-    loop = given(epochs=args.epochs, lr=args.lr)
+    runs = data / "runs" / args.out.name
     if args.what == "draft":
         cfg = DraftTrainConfig(**given(layers=args.layers, reduced_vocab=args.vocab))
         cfg = replace(cfg, loop=replace(cfg.loop, seed=args.seed, **loop))
-        report = train_draft(
-            target, data, args.out, cfg, args.resume, runs=data / "runs" / args.out.name, start_from=args.start_from
-        )
-    else:
+        report = train_draft(target, data, args.out, cfg, args.resume, runs=runs, start_from=args.start_from)
+    elif args.what == "heads":
         cfg = HeadsTrainConfig(**given(depth=args.depth, reduced_vocab=args.vocab))
         cfg = replace(cfg, loop=replace(cfg.loop, seed=args.seed, **loop))
-        report = train_heads(
-            target, data, args.out, cfg, args.resume, runs=data / "runs" / args.out.name, start_from=args.start_from
-        )
+        report = train_heads(target, data, args.out, cfg, args.resume, runs=runs, start_from=args.start_from)
+    else:
+        report = train_mask(target, data, args.out, mask_cfg, args.resume, runs=runs, start_from=args.start_from)
     final = report["history"][-1] if report["history"] else report["before"]
     print(f"{args.what} trained in {report['seconds']:.0f} s and saved to {args.out}: {final}")
 

@@ -11,7 +11,8 @@ Round 1 answers instruction prompts built from templates (mtp_viz.training.promp
 answers instructions the target writes itself: sampled from its chat template's empty user turn
 (the pre-query template of Magpie, Xu et al. 2024), so they range over whatever the model
 expects users to ask, far beyond the templates. Round 3 asks for summaries of and questions about
-round-1 answers. Batches alternate between greedy decoding (what greedy speculative decoding meets
+round-1 answers. Round 4 (off by default; the mask-token MTP model uses it) asks arithmetic word
+problems, mostly step by step. Batches alternate between greedy decoding (what greedy speculative decoding meets
 at test time) and sampling, for variety. No prompt is taken from Spec-Bench, the held-out set.
 """
 
@@ -28,9 +29,9 @@ from mtp_viz.errors import UserError
 from mtp_viz.models import LoadedModel, encode_prompt
 from mtp_viz.prompts import spec_bench
 from mtp_viz.sampling import Warp, probs_from_logits
-from mtp_viz.training.prompts import context_prompts, instruction_prompts
+from mtp_viz.training.prompts import context_prompts, instruction_prompts, math_prompts
 
-ROUNDS = ("instructions", "self_instruct", "contexts")
+ROUNDS = ("instructions", "self_instruct", "contexts", "math")
 SELF_INSTRUCT_PROMPTS = "self_instruct-prompts.json"
 MANIFEST = "manifest.json"
 
@@ -40,6 +41,7 @@ class DataConfig:
     instructions: int = 800  # round-1 prompts (templates)
     self_instruct: int = 1200  # round-2 prompts, written by the target itself
     contexts: int = 200  # round-3 prompts, built from round-1 answers
+    math: int = 0  # round-4 prompts: word problems answered step by step (mtp_viz.training.prompts)
     max_new_tokens: int = 160
     self_instruct_tokens: int = 64  # cap on a self-written instruction
     self_instruct_temperature: float = 1.0
@@ -135,6 +137,8 @@ def generate(target: LoadedModel, out: Path, cfg: DataConfig | None = None, log=
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / MANIFEST
     old = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
+    if old:  # settings added since the folder was made take their defaults
+        old["config"] = asdict(DataConfig(**old["config"]))
     if cfg is None:
         cfg = DataConfig(**old["config"]) if old else DataConfig()
     manifest = {"model": target.name, "config": asdict(cfg), "rounds": {}}
@@ -172,6 +176,8 @@ def generate(target: LoadedModel, out: Path, cfg: DataConfig | None = None, log=
 def _round_prompts(round_name: str, out: Path, cfg: DataConfig, target: LoadedModel) -> list[str]:
     if round_name == "instructions":
         return instruction_prompts(cfg.instructions, cfg.seed)
+    if round_name == "math":
+        return math_prompts(cfg.math, cfg.seed)
     if round_name == "self_instruct":
         path = out / SELF_INSTRUCT_PROMPTS  # kept, so a resumed run answers the same prompts
         if not path.exists():
@@ -219,7 +225,8 @@ def self_instruct_prompts(target: LoadedModel, cfg: DataConfig) -> list[str]:
 
 def shards(data: Path) -> list[Path]:
     manifest = json.loads((data / MANIFEST).read_text()) if (data / MANIFEST).exists() else {"rounds": {}}
-    if set(manifest["rounds"]) != set(ROUNDS):
+    done = set(manifest["rounds"]) | {r for r in ROUNDS if not manifest.get("config", {}).get(r, 0)}
+    if not set(ROUNDS) <= done:
         raise ValueError(f"{data} is incomplete; run `python -m mtp_viz train data` to finish it")
     return sorted(data.glob("*.pt"))
 

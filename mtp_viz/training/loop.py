@@ -29,6 +29,7 @@ class LoopConfig:
     eval_every: int = 100
     checkpoint_every: int = 50
     seed: int = 0
+    max_steps: int = 0  # stop after this many steps (0: after `epochs`)
 
 
 def seed_everything(seed: int) -> None:
@@ -59,11 +60,13 @@ def train(
     optimizer = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     per_epoch = len(epoch_batches(0))
     total = per_epoch * cfg.epochs
+    if cfg.max_steps:
+        total = min(total, cfg.max_steps)
     step, history = 0, []
     checkpoint = out / CHECKPOINT
     if resume and checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False)
-        if state["config"] != asdict(cfg):
+        if asdict(LoopConfig(**state["config"])) != asdict(cfg):
             raise ValueError(f"{checkpoint} was made with other settings; start afresh without --resume")
         with torch.no_grad():
             for name, value in state["params"].items():
@@ -74,6 +77,8 @@ def train(
         log(f"resumed from {checkpoint} at step {step}/{total}")
     bar = tqdm(total=total, initial=step, unit="step", desc=f"train {out.name}")
     for epoch, batch in _from(step, per_epoch, cfg.epochs, epoch_batches):
+        if step >= total:
+            break
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, total, cfg)
         loss, stats = loss_fn(batch)
