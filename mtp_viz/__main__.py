@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mtp_viz.errors import UserError
 from mtp_viz.peers import PEERS
+from mtp_viz.profile import BATCH_SIZES
 from mtp_viz.runner import COMPILE_CHOICES
 from mtp_viz.strategies import STRATEGIES
 
@@ -96,6 +97,11 @@ def _parser() -> argparse.ArgumentParser:
         default=3,
         help="Spec-Bench prompts whose greedy answers measure early-exit agreement per layer (0: skip)",
     )
+    prof.add_argument(
+        "--batch-sizes",
+        default=",".join(map(str, BATCH_SIZES)),
+        help="concurrent sequences B for the B × k timings behind the Deploy view's load curve (empty: skip)",
+    )
     prof.add_argument("--out", type=Path, required=True)
     _add_train(sub)
     return parser
@@ -136,6 +142,7 @@ def _cmd_bench(args) -> None:
     from tqdm import tqdm
 
     from mtp_viz.bench import load_suite, run_bench, save
+    from mtp_viz.models import load_model
     from mtp_viz.runner import RunRequest, settings_of, split_variants
     from mtp_viz.strategies.base import GenerationSettings
 
@@ -170,7 +177,8 @@ def _cmd_bench(args) -> None:
     finally:
         for bar in bars:
             bar.close()
-    summary = save(args.out, prompts, traces, peer_runs)
+    scorer = load_model(traces["autoregressive"][0].model, args.device, args.dtype).model  # the original model
+    summary = save(args.out, prompts, traces, peer_runs, scorer)
     print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"results, summary and traces written to {args.out}")
 
@@ -189,7 +197,13 @@ def _cmd_profile(args) -> None:
     draft = load_model(args.draft, args.device, args.dtype) if args.draft else None
     if not 0 <= args.exit_prompts <= 50:
         raise UserError("--exit-prompts must be 0..50")
-    result = profile(target, draft, max_k=args.max_k, repeats=args.repeats)
+    try:
+        sizes = tuple(int(b) for b in args.batch_sizes.split(",") if b.strip())
+    except ValueError:
+        raise UserError(f"--batch-sizes takes integers separated by commas, got {args.batch_sizes!r}") from None
+    if any(not 1 <= b <= 256 for b in sizes):
+        raise UserError("--batch-sizes must be 1..256")
+    result = profile(target, draft, max_k=args.max_k, repeats=args.repeats, batch_sizes=sizes)
     if args.exit_prompts:
         answers = _answers(name, args.exit_prompts, args.device, args.dtype)
         result = replace(result, exit_agreement=exit_agreement(target.model, answers))

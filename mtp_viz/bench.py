@@ -13,7 +13,7 @@ from mtp_viz.machine import machine_info
 from mtp_viz.models import load_heads_for, load_model, resolve_device
 from mtp_viz.peers import HF_ASSISTED, PEERS, PeerRun, run_peer
 from mtp_viz.prompts import spec_bench
-from mtp_viz.quality import final_number, first_divergence
+from mtp_viz.quality import final_number, first_divergence, reference_answer, target_nll
 from mtp_viz.registry import load_registry
 from mtp_viz.runner import RunRequest, build_strategy_settings, parse_variant, run
 from mtp_viz.strategies import STRATEGIES
@@ -30,6 +30,7 @@ class BenchPrompt:
     id: str
     category: str
     text: str
+    answer: str | None = None  # the reference's final answer, where it has one (GSM8K: after "####")
 
 
 def load_suite(suite: str, categories: list[str] | None = None, limit: int | None = None) -> list[BenchPrompt]:
@@ -49,7 +50,8 @@ def load_suite(suite: str, categories: list[str] | None = None, limit: int | Non
         if limit is not None and taken.get(c, 0) >= limit:
             continue
         taken[c] = taken.get(c, 0) + 1
-        prompts.append(BenchPrompt(str(q["question_id"]), c, q["turns"][0]))
+        answer = reference_answer((q.get("reference") or [None])[0])
+        prompts.append(BenchPrompt(str(q["question_id"]), c, q["turns"][0], answer))
     return prompts
 
 
@@ -109,10 +111,18 @@ def _peer_draft(base: RunRequest, target):
 
 
 def results_table(
-    prompts: list[BenchPrompt], traces: dict[str, list[Trace]], peer_runs: dict[str, list[PeerRun]] | None = None
+    prompts: list[BenchPrompt],
+    traces: dict[str, list[Trace]],
+    peer_runs: dict[str, list[PeerRun]] | None = None,
+    scorer=None,
 ) -> pd.DataFrame:
     """One row per (strategy, prompt) with the trace's metrics and its agreement with autoregressive;
-    peers (transformers generate) have no trace, so only their speed and agreement."""
+    peers (transformers generate) have no trace, so only their speed and agreement. With a scorer
+    (the original model), each output's negative log-likelihood per token under it."""
+
+    def nll(prompt_ids: list[int], output_ids: list[int]) -> float:
+        return float("nan") if scorer is None else target_nll(scorer, prompt_ids, output_ids)
+
     rows = []
     for peer, runs in (peer_runs or {}).items():
         for p, r, ref in zip(prompts, runs, traces[BASELINE], strict=True):
@@ -124,11 +134,15 @@ def results_table(
                     "new_tokens": len(r.output_token_ids),
                     "wall_time_s": r.wall_time_s,
                     "target_forwards": float("nan"),
+                    "draft_forwards": float("nan"),
+                    "scored_tokens": float("nan"),
                     "drafted_tokens": float("nan"),
                     "accepted_tokens": float("nan"),
                     "identical": first_divergence(ref.output_token_ids, r.output_token_ids) is None,
                     "agreement": _agreement(ref.output_token_ids, r.output_token_ids),
                     "answer_match": _answer_match(p, ref.output_text, r.output_text),
+                    "math_accuracy": _accuracy(p, r.output_text),
+                    "target_nll": nll(ref.prompt_token_ids, r.output_token_ids),
                     "depth_judged": [],
                     "depth_accepted": [],
                     "lossless": True,
@@ -147,11 +161,16 @@ def results_table(
                     "new_tokens": s["new_tokens"],
                     "wall_time_s": s["wall_time_s"],
                     "target_forwards": s["target_forwards"],
+                    "draft_forwards": s["draft_forwards"],
+                    # tokens each forward scored: what it fed, but the prompt's first P − 1 tokens
+                    "scored_tokens": sum(step.input_tokens for step in t.steps) - len(t.prompt_token_ids) + 1,
                     "drafted_tokens": s["drafted_tokens"],
                     "accepted_tokens": s["accepted_tokens"],
                     "identical": div is None,
                     "agreement": _agreement(ref.output_token_ids, t.output_token_ids),
                     "answer_match": _answer_match(p, ref.output_text, t.output_text),
+                    "math_accuracy": _accuracy(p, t.output_text),
+                    "target_nll": nll(t.prompt_token_ids, t.output_token_ids),
                     "depth_judged": judged,
                     "depth_accepted": accepted,
                     "lossless": STRATEGIES[t.strategy].is_lossless(t.settings),
@@ -167,6 +186,13 @@ def _answer_match(prompt: BenchPrompt, reference: str, text: str) -> float:
     return float(final_number(text) == final_number(reference))
 
 
+def _accuracy(prompt: BenchPrompt, text: str) -> float:
+    """Prompts with a reference answer: 1.0 if the output's final number is it, else 0.0; NaN elsewhere."""
+    if prompt.answer is None:
+        return float("nan")
+    return float(final_number(text) == prompt.answer)
+
+
 def _agreement(ref: list[int], out: list[int]) -> float:
     """Share of the reference's tokens reproduced before the first divergence."""
     div = first_divergence(ref, out)
@@ -175,7 +201,18 @@ def _agreement(ref: list[int], out: list[int]) -> float:
 
 def summary_table(results: pd.DataFrame) -> pd.DataFrame:
     """Per category and overall: tokens/s (total tokens / total time), speedup over autoregressive,
-    mean accepted tokens, acceptance rate, share of outputs identical to autoregressive."""
+    mean accepted tokens, tokens scored and draft forwards per target forward (what a forward
+    costs under load, mtp_viz.theory.concurrency_speedup), acceptance rate, share of outputs
+    identical to autoregressive, agreement, math answers (same as autoregressive's; right against
+    the reference) and the original model's negative log-likelihood per token of the outputs
+    (token-weighted)."""
+    nll = results["target_nll"] if "target_nll" in results else pd.Series(float("nan"), index=results.index)
+    scored = nll.notna()
+    results = results.assign(
+        target_nll_tokens=nll.where(scored) * results["new_tokens"], nll_tokens=results["new_tokens"].where(scored, 0)
+    )
+    if "math_accuracy" not in results:
+        results = results.assign(math_accuracy=float("nan"))
     frames = [results, results.assign(category="overall")]
     g = pd.concat(frames).groupby(["category", "strategy"], sort=False)
     out = pd.DataFrame(
@@ -185,9 +222,13 @@ def summary_table(results: pd.DataFrame) -> pd.DataFrame:
             "mean_accepted_tokens": g["new_tokens"].sum() / g["target_forwards"].sum(min_count=1),
             "acceptance_rate": g["accepted_tokens"].sum(min_count=1)
             / g["drafted_tokens"].sum(min_count=1).where(lambda x: x > 0),
+            "scored_per_forward": g["scored_tokens"].sum(min_count=1) / g["target_forwards"].sum(min_count=1),
+            "draft_forwards_per_forward": g["draft_forwards"].sum(min_count=1) / g["target_forwards"].sum(min_count=1),
             "identical_share": g["identical"].mean(),
             "agreement": g["agreement"].mean(),
             "math_answer_match": g["answer_match"].mean(),
+            "math_accuracy": g["math_accuracy"].mean(),
+            "target_nll": g["target_nll_tokens"].sum(min_count=1) / g["nll_tokens"].sum().where(lambda x: x > 0),
         }
     ).reset_index()
     out["per_position_acceptance"] = [
@@ -207,27 +248,34 @@ def _per_position(rows: pd.DataFrame) -> list[float]:
     return [round(k / n, 4) if n else 0.0 for k, n in zip(kept, judged, strict=True)]
 
 
+def trace_folder(label: str) -> str:
+    """The folder (under a results folder's traces/) holding a label's traces."""
+    return label.replace(":", "_").replace("=", "-").replace(",", "_")
+
+
 def save(
     out_dir: Path,
     prompts: list[BenchPrompt],
     traces: dict[str, list[Trace]],
     peer_runs: dict[str, list[PeerRun]] | None = None,
+    scorer=None,
 ) -> pd.DataFrame:
-    """Writes results.csv, summary.csv, summary.json (the summary rows and the machine they were
-    measured on) and traces/<label>/<prompt id>.json."""
-    results = results_table(prompts, traces, peer_runs)
+    """Writes results.csv, summary.csv, summary.json (the summary rows, the model and the machine
+    they were measured on) and traces/<label>/<prompt id>.json."""
+    results = results_table(prompts, traces, peer_runs, scorer)
     summary = summary_table(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     results.to_csv(out_dir / "results.csv", index=False)
     summary.to_csv(out_dir / "summary.csv", index=False)
     first = next((runs[0] for runs in traces.values() if runs), None)
     record = {
+        "model": traces[BASELINE][0].model if traces.get(BASELINE) else None,
         "machine": first.machine if first is not None else machine_info(),
         "rows": json.loads(summary.to_json(orient="records")),
     }
     (out_dir / "summary.json").write_text(json.dumps(record, indent=1))
     for label, runs in traces.items():
-        folder = out_dir / "traces" / label.replace(":", "_").replace("=", "-").replace(",", "_")
+        folder = out_dir / "traces" / trace_folder(label)
         folder.mkdir(parents=True, exist_ok=True)
         for p, t in zip(prompts, runs, strict=True):
             t.save(folder / f"{p.id}.json")

@@ -5,11 +5,13 @@ token of each model. Computed from the loaded objects a trace names, never typed
 
 from dataclasses import asdict, dataclass
 
+import pandas as pd
 import torch
 
 from mtp_viz.errors import UserError
 from mtp_viz.models import load_heads_for, load_model
 from mtp_viz.registry import load_registry
+from mtp_viz.theory import break_even, concurrency_speedup
 from mtp_viz.trace import Trace
 
 MB = 2**20
@@ -53,20 +55,43 @@ def deploy_cost(trace: Trace) -> DeployCost:
     """The deployment cost of the run a trace records, from the models it names (loaded, cached)."""
     s = trace.summary
     tokens = max(1, s["new_tokens"])
-    per_token = (s["target_forwards"] / tokens, s["draft_forwards"] / tokens)
-    device, dtype = trace.device.split(":")[0], trace.dtype
-    target = load_model(trace.model, device, dtype)
+    return cost_of(
+        trace.model,
+        trace.strategy,
+        trace.draft_model,
+        context=len(trace.prompt_token_ids) + len(trace.output_token_ids),
+        per_token=(s["target_forwards"] / tokens, s["draft_forwards"] / tokens),
+        device=trace.device.split(":")[0],
+        dtype=trace.dtype,
+    )
+
+
+def cost_of(
+    model: str,
+    strategy: str,
+    extra: str | None,
+    context: int,
+    per_token: tuple[float, float],
+    device: str | None = None,
+    dtype: str | None = None,
+) -> DeployCost:
+    """What running `strategy` on registered `model` adds, with `extra` the draft model or heads it
+    used (a trace's draft_model) and the draft's KV cache at `context` tokens."""
+    target = load_model(model, device, dtype)
     extra_models, params, memory, training = 0, [], 0, "none"
-    if trace.strategy == "speculative" and trace.draft_model:
-        draft = load_model(trace.draft_model, device, dtype)
+    if strategy == "speculative" and extra:
+        draft = load_model(extra, device, dtype)
         params = own_parameters(draft.model, target.model)
-        memory = kv_cache_bytes(draft.model, len(trace.prompt_token_ids) + len(trace.output_token_ids))
+        memory = kv_cache_bytes(draft.model, context)
         extra_models = 1
-        entry = load_registry().models.get(trace.draft_model)
+        entry = load_registry().models.get(extra)
         trained = entry is not None and any(src.kind == "trained_draft" for src in entry.sources)
         training = "a draft distilled from the target" if trained else "none (an off-the-shelf smaller model)"
-    elif trace.strategy in ("mtp_heads", "conf_adapt") and trace.draft_model:
-        _, heads = load_heads_for(target, trace.draft_model)
+    elif base := mask_base(model):  # a mask-token view: its adapter and mask row are extra
+        params = own_parameters(target.model, load_model(base, device, dtype).model)
+        training = "a mask-token LoRA adapter, self-distilled from the model"
+    elif strategy in ("mtp_heads", "conf_adapt") and extra:
+        _, heads = load_heads_for(target, extra)
         params = own_parameters(heads, target.model)
         training = "MTP heads, self-distilled from the target"
     weights = sum(p.numel() * p.element_size() for p in params)
@@ -80,6 +105,37 @@ def deploy_cost(trace: Trace) -> DeployCost:
     )
 
 
+def label_cost(model: str, label: str, row: pd.Series, context: int) -> DeployCost:
+    """The cost of a bench label ("conf_adapt:tau=0.9") on registered `model`, resolving its draft,
+    heads or mask-token model as a run would, and its forwards per token from the summary row."""
+    from mtp_viz.runner import build_strategy_settings, parse_variant
+    from mtp_viz.strategies import get_strategy
+
+    name, values = parse_variant(label)
+    spec = get_strategy(name)
+    settings = build_strategy_settings(name, values)
+    registry = load_registry()
+    entry = registry.get(model)
+    target, extra = model, None
+    if spec.masks_wanted(settings) and entry.mask_model:
+        target = entry.mask_model
+    elif spec.needs_draft:
+        extra = entry.drafts[0] if entry.drafts else None
+    elif spec.heads_needed(settings, entry.mask_token_id):
+        extra = entry.heads[0] if entry.heads else None
+    tokens = float(row.get("mean_accepted_tokens") or 1.0)
+    drafts = row.get("draft_forwards_per_forward")
+    per_token = (1.0 / tokens, (0.0 if drafts is None or pd.isna(drafts) else float(drafts)) / tokens)
+    return cost_of(target, name, extra, context, per_token)
+
+
+def mask_base(model_id: str) -> str | None:
+    """The base model a registered mask-token adapter model is a view of, or None."""
+    entry = load_registry().models.get(model_id)
+    sources = entry.sources if entry else ()
+    return next((src.base for src in sources if src.kind == "mask_adapter"), None)
+
+
 def deploy_costs(traces: list[Trace]) -> list[DeployCost | None]:
     """Each trace's cost, or None where its models cannot be loaded here (e.g. an uploaded trace)."""
     costs = []
@@ -89,3 +145,64 @@ def deploy_costs(traces: list[Trace]) -> list[DeployCost | None]:
         except (UserError, OSError):
             costs.append(None)
     return costs
+
+
+# What the Deploy view puts side by side, per strategy: (column, bench summary column) then the costs.
+MEASURED = {
+    "speedup": "speedup",
+    "tokens per forward": "mean_accepted_tokens",
+    "identical to AR": "identical_share",
+    "agreement": "agreement",
+    "target NLL": "target_nll",
+    "math accuracy": "math_accuracy",
+}
+COSTS = ("extra_models", "extra_params", "extra_memory_mb", "training", "target_forwards_per_token")
+COSTS += ("draft_forwards_per_token",)
+DEPLOY_CONTEXT = 1024  # tokens of context at which the Deploy view counts a draft's KV cache
+
+
+def deploy_table(summary: pd.DataFrame, model: str, context: int = DEPLOY_CONTEXT) -> pd.DataFrame:
+    """One row per strategy of a bench summary on `model` (transformers' peers left out: they are
+    baselines, not deployments): what it measured (speed, quality) beside what it costs to deploy,
+    from the models a run of it loads here (blank where they cannot be loaded)."""
+    overall = summary[(summary["category"] == "overall") & ~summary["strategy"].astype(str).str.startswith("hf_")]
+    rows = []
+    for _, row in overall.iterrows():
+        label = str(row["strategy"])
+        record = {"strategy": label}
+        for column, key in MEASURED.items():
+            record[column] = row.get(key, float("nan"))
+        try:
+            cost = label_cost(model, label, row, context)
+        except (UserError, OSError):
+            cost = None
+        for key in COSTS:
+            record[key] = getattr(cost, key) if cost is not None else None
+        rows.append(record)
+    table = pd.DataFrame(rows, columns=["strategy", *MEASURED, *COSTS])
+    return table.sort_values("speedup", ascending=False).reset_index(drop=True).round(4)
+
+
+def concurrency_curves(
+    summary: pd.DataFrame, strategies: list[str], batch_cost: dict[int, dict[int, float]], c: float | None
+) -> dict[str, tuple[dict[int, float], int | None]]:
+    """label → (B → predicted speedup with B concurrent users, the first B below 1x), for the
+    strategies whose summary has the per-forward figures (older summaries lack them)."""
+    overall = summary[summary["category"] == "overall"].set_index("strategy")
+    curves = {}
+    for label in strategies:
+        if label not in overall.index or "scored_per_forward" not in overall:
+            continue
+        row = overall.loc[label]
+        tokens, scored, drafts = (
+            row["mean_accepted_tokens"],
+            row["scored_per_forward"],
+            row["draft_forwards_per_forward"],
+        )
+        if pd.isna(tokens) or pd.isna(scored):
+            continue
+        if drafts and c is None:
+            continue  # a draft model's cost is unknown without c
+        speedups = concurrency_speedup(float(tokens), float(scored), float(drafts or 0.0), c or 0.0, batch_cost)
+        curves[label] = (speedups, break_even(speedups))
+    return curves

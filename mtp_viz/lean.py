@@ -102,19 +102,48 @@ class Fused:
     """One layer's projections that read the same input, as one weight each: q|k|v and gate|up.
 
     The model's own modules keep their parameters, as views into these tensors (no second copy),
-    so state dicts, training and FastLinear see what they saw before."""
+    so state dicts, training and FastLinear see what they saw before. Where the modules carry
+    LoRA adapters (peft, e.g. a mask-token MTP model), their base weights are fused and each
+    adapter's own term is added after the fused product (`adapted`)."""
 
     qkv: torch.Tensor  # (q + 2·kv, H)
     qkv_bias: torch.Tensor | None
     gate_up: torch.Tensor  # (2·I, H)
+    adapted: bool = False
+
+
+def base_linear(module: nn.Module) -> nn.Module:
+    """The plain linear under an adapter wrapper (peft's `base_layer`), or the module itself."""
+    return getattr(module, "base_layer", module)
+
+
+def adapter_term(module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """What a peft LoRA layer adds to its base layer's output on x (its hooks included), or None
+    when it has no active, unmerged adapter."""
+    if not hasattr(module, "lora_A") or module.disable_adapters or module.merged:
+        return None
+    term = None
+    for name in module.active_adapters:
+        if name in module.lora_A:
+            t = module.lora_B[name](module.lora_A[name](module.lora_dropout[name](x))) * module.scaling[name]
+            term = t if term is None else term + t
+    return term
+
+
+def plus_adapters(outputs: tuple[torch.Tensor, ...], modules: tuple[nn.Module, ...], x: torch.Tensor):
+    """Each fused output plus its module's adapter term."""
+    return tuple(
+        out if (term := adapter_term(m, x)) is None else out + term for out, m in zip(outputs, modules, strict=True)
+    )
 
 
 def fuse(layer) -> Fused | None:
     """Fuse a layer's q/k/v and gate/up weights in place (their modules' weights become views);
-    None when they cannot be (adapters or other wrappers on them, mixed biases or placements)."""
+    None when they cannot be (other wrappers on them, mixed biases or placements)."""
     attn, mlp = layer.self_attn, layer.mlp
-    qkv_mods, gu_mods = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
-    mods = qkv_mods + gu_mods
+    wrapped = (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)
+    mods = tuple(base_linear(m) for m in wrapped)
+    qkv_mods, gu_mods = mods[:3], mods[3:]
     if not all(isinstance(m, nn.Linear) for m in mods):
         return None
     if len({(m.weight.device, m.weight.dtype) for m in mods}) != 1 or gu_mods[0].bias is not None:
@@ -126,11 +155,23 @@ def fuse(layer) -> Fused | None:
         qkv = _fuse_into([m.weight for m in qkv_mods])
         qkv_bias = None if biases[0] is None else _fuse_into(biases)
         gate_up = _fuse_into([m.weight for m in gu_mods])
-    return Fused(qkv, qkv_bias, gate_up)
+    return Fused(qkv, qkv_bias, gate_up, adapted=any(m is not w for m, w in zip(mods, wrapped, strict=True)))
 
 
 def _fuse_into(params: list[nn.Parameter]) -> torch.Tensor:
-    """Concatenate parameters along dim 0 and make each one a view of its rows of the result."""
+    """Concatenate parameters along dim 0 and make each one a view of its rows of the result;
+    parameters that already are consecutive views of one tensor (another model sharing these
+    weights fused them) keep it."""
+    first = params[0].data
+    storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+    if all(
+        p.data.is_contiguous()
+        and p.data.untyped_storage().data_ptr() == storage
+        and p.data.storage_offset() == offset + sum(q.numel() for q in params[:i])
+        for i, p in enumerate(params)
+    ):
+        shape = (sum(len(p) for p in params), *first.shape[1:])
+        return first.new_empty(0).set_(first.untyped_storage(), offset, shape, first.stride())
     whole = torch.cat([p.data for p in params])
     row = 0
     for p in params:
@@ -168,7 +209,7 @@ class LeanModel:
         """False once the model's weights were moved or replaced (the fused views went stale)."""
         return (
             all(
-                f is None or layer.self_attn.q_proj.weight.data_ptr() == f.qkv.data_ptr()
+                f is None or base_linear(layer.self_attn.q_proj).weight.data_ptr() == f.qkv.data_ptr()
                 for layer, f in zip(self.layers, self.fused, strict=True)
             )
             and self.device == self.model.device
@@ -286,8 +327,10 @@ class LeanModel:
             attn, mlp = layer.self_attn, layer.mlp
             x = rms_norm(layer.input_layernorm, hidden)  # (S, H)
             if fused is not None:
-                qkv = fast_linear(x, fused.qkv, fused.qkv_bias, plan_of_linear(attn.q_proj))  # (S, q + 2kv)
-                q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+                qkv = fast_linear(x, fused.qkv, fused.qkv_bias, plan_of_linear(base_linear(attn.q_proj)))
+                q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)  # (S, q), (S, kv), (S, kv)
+                if fused.adapted:
+                    q, k, v = plus_adapters((q, k, v), (attn.q_proj, attn.k_proj, attn.v_proj), x)
             else:
                 q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
             q = q.reshape(s, self.heads, self.head_dim).transpose(0, 1)  # (h, S, d)
@@ -306,8 +349,10 @@ class LeanModel:
             hidden = hidden + attn.o_proj(out[0].transpose(0, 1).reshape(s, self.q_size))
             x = rms_norm(layer.post_attention_layernorm, hidden)
             if fused is not None:
-                gate_up = fast_linear(x, fused.gate_up, None, plan_of_linear(mlp.gate_proj))
+                gate_up = fast_linear(x, fused.gate_up, None, plan_of_linear(base_linear(mlp.gate_proj)))
                 gate, up = gate_up.chunk(2, dim=-1)  # (S, I) each
+                if fused.adapted:
+                    gate, up = plus_adapters((gate, up), (mlp.gate_proj, mlp.up_proj), x)
             else:
                 gate, up = mlp.gate_proj(x), mlp.up_proj(x)
             hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up)

@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from mtp_viz.drafters.draft import load_draft
 from mtp_viz.drafters.heads import MTPHeads, load_heads
+from mtp_viz.drafters.mask import load_mask_model
 from mtp_viz.errors import IncompatibleDraftError, UnknownModelError, UserError
 from mtp_viz.kernels import plan_of, tune, use_fast_linears
 from mtp_viz.registry import ModelEntry, Source, load_registry
@@ -138,12 +139,19 @@ def _load_cached(name: str, device: str, dtype: str) -> LoadedModel:
 def _load_entry(entry: ModelEntry, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     reasons = []
     for source in entry.sources:
-        if source.kind in ("early_exit", "trained_draft"):
+        if source.kind in ("early_exit", "trained_draft", "mask_adapter"):
             base = _load_cached(source.base, str(device), str(dtype).removeprefix("torch."))
             if source.kind == "early_exit":
                 model, where = early_exit_view(base.model, source.layers), f"{source.base}[:{source.layers}]"
-            else:
+            elif source.kind == "trained_draft":
                 model, where = load_draft(base.model, Path(source.path)), source.path
+            else:
+                model, where = load_mask_model(base.model, Path(source.path)), source.path
+                if model.mtp_mask_spec.mask_token_id != entry.mask_token_id:
+                    raise UserError(
+                        f"model {entry.id}: models.yaml says mask_token_id {entry.mask_token_id}, "
+                        f"the adapter in {source.path} uses {model.mtp_mask_spec.mask_token_id}"
+                    )
             return _wrap(entry.id, model, base.tokenizer, chat=entry.chat, source=f"{source.kind}:{where}")
         path, why = _locate(entry, source)
         if path is None:

@@ -1,13 +1,15 @@
 """Measure, on the current device, what one target forward over k tokens costs relative to one
-token (the verify-cost curve), the draft/target cost ratio c, and how often an early exit after
-each layer agrees with the model's own next-token choice (why self-speculation accepts what it
-does)."""
+token (the verify-cost curve), the draft/target cost ratio c, how often an early exit after each
+layer agrees with the model's own next-token choice (why self-speculation accepts what it does),
+and what forwards of B sequences × k tokens cost (B concurrent users, each verifying k tokens:
+whether speculation survives load, mtp_viz.theory.concurrency_speedup)."""
 
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
+from transformers import DynamicCache
 
 from mtp_viz.cache import CachedModel, engine_for
 from mtp_viz.clock import Clock
@@ -16,6 +18,10 @@ from mtp_viz.models import LoadedModel, linear_path
 
 MAX_K = 32
 CONTEXT_TOKENS = 256  # the KV-cache length the forwards run against
+BATCH_SIZES = (1, 2, 4, 8, 16, 32)  # concurrent sequences
+BATCH_KS = (1, 2, 3, 4, 6, 8)  # tokens per sequence per forward
+BATCH_CONTEXT = 128  # each sequence's cached length in the batched timings
+BATCH_REPEATS = 3
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,9 @@ class Profile:
     c: float | None  # draft one-token forward / target one-token forward
     exit_agreement: dict[int, float] | None = None  # layer L → P(exit after L layers' top-1 = model's top-1)
     machine: dict | None = None  # mtp_viz.machine.machine_info + the linear path: where it was measured
+    # B → k → time of a forward of B sequences × k tokens / time of B × 1 (transformers' batched forward)
+    batch_cost: dict[int, dict[int, float]] | None = None
+    batch_one_token_s: dict[int, float] | None = None  # B → time of the B × 1 forward
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -61,22 +70,30 @@ def profile(
     repeats: int = 5,
     context: int = CONTEXT_TOKENS,
     progress: Callable[[int, int], bool | None] | None = None,
+    batch_sizes: tuple[int, ...] = BATCH_SIZES,
 ) -> Profile:
     """Medians over `repeats` rounds; each round times every k and the draft, interleaved, so drift
-    on a noisy machine hits all of them alike. `progress(done, total)` is called after each round;
-    when it returns True, measuring stops and Cancelled is raised."""
+    on a noisy machine hits all of them alike; then the batched forwards (B in `batch_sizes`; none:
+    skipped). `progress(done, total)` is called after each round; when it returns True, measuring
+    stops and Cancelled is raised."""
     ks = list(range(1, max_k + 1))
     target_timer = _Timer(target.model, context)
     draft_timer = _Timer(draft.model, context) if draft is not None else None
     times: dict[int, list[float]] = {k: [] for k in ks}
     draft_times: list[float] = []
+    total = repeats + (BATCH_REPEATS if batch_sizes else 0)
     for _ in range(repeats):
         for k in ks:
             times[k].append(target_timer.time(k))
         if draft_timer is not None:
             draft_times.append(draft_timer.time(1))
-        if progress is not None and progress(len(draft_times or times[1]), repeats):
+        if progress is not None and progress(len(draft_times or times[1]), total):
             raise Cancelled("profile stopped")
+    batch_cost = batch_one = None
+    if batch_sizes:
+        batch_cost, batch_one = batch_profile(
+            target.model, batch_sizes, progress=progress and (lambda done, _: progress(repeats + done, total))
+        )
     median = {k: statistics.median(v) for k, v in times.items()}
     c = statistics.median(draft_times) / median[1] if draft_times else None
     return Profile(
@@ -88,7 +105,57 @@ def profile(
         {k: t / median[1] for k, t in median.items()},
         c,
         machine={**machine_info(target.device), "forward": engine_for(target.model), "linear": linear_path(target)},
+        batch_cost=batch_cost,
+        batch_one_token_s=batch_one,
     )
+
+
+class _BatchTimer:
+    """Times forwards of B sequences × k new tokens after a cached context of each (transformers'
+    batched forward and cache: the lean engine decodes one sequence), cropping the cache each time."""
+
+    def __init__(self, model, batch: int, context: int):
+        self.model, self.batch, self.context = model, batch, context
+        self.clock = Clock(model.device)
+        vocab = model.config.vocab_size
+        ids = torch.tensor([[(i * 31 + b * 7) % vocab for i in range(context)] for b in range(batch)])
+        self.cache = DynamicCache(config=model.config)
+        model(input_ids=ids.to(model.device), past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+
+    def time(self, k: int) -> float:
+        vocab = self.model.config.vocab_size
+        ids = torch.tensor(
+            [[(7 * i + b) % vocab for i in range(k)] for b in range(self.batch)], device=self.model.device
+        )
+        positions = torch.arange(self.context, self.context + k, device=self.model.device).expand(self.batch, k)
+        start = self.clock.now()
+        self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True, logits_to_keep=k)
+        elapsed = self.clock.now() - start
+        self.cache.crop(-k)
+        return elapsed
+
+
+@torch.inference_mode()
+def batch_profile(
+    model,
+    sizes: tuple[int, ...] = BATCH_SIZES,
+    ks: tuple[int, ...] = BATCH_KS,
+    repeats: int = BATCH_REPEATS,
+    context: int = BATCH_CONTEXT,
+    progress: Callable[[int, int], bool | None] | None = None,
+) -> tuple[dict[int, dict[int, float]], dict[int, float]]:
+    """(B → k → T(B, k) / T(B, 1), B → T(B, 1) seconds), medians over `repeats` interleaved rounds."""
+    timers = {b: _BatchTimer(model, b, context) for b in sizes}
+    times: dict[tuple[int, int], list[float]] = {(b, k): [] for b in sizes for k in ks}
+    for round_ in range(repeats):
+        for b in sizes:
+            for k in ks:
+                times[b, k].append(timers[b].time(k))
+        if progress is not None and progress(round_ + 1, repeats):
+            raise Cancelled("profile stopped")
+    median = {key: statistics.median(v) for key, v in times.items()}
+    one = {b: median[b, min(ks)] for b in sizes}
+    return {b: {k: median[b, k] / one[b] for k in ks} for b in sizes}, one
 
 
 class Cancelled(Exception):

@@ -101,6 +101,24 @@ def final_number(text: str) -> str | None:
     return number[:-2] if number.endswith(".0") else number
 
 
+def reference_answer(reference: str | None) -> str | None:
+    """A GSM8K-style reference's final answer (the number after "####"), or None."""
+    if not reference or "####" not in reference:
+        return None
+    return final_number(reference.rsplit("####", 1)[1])
+
+
+@torch.inference_mode()
+def target_nll(model, prompt_ids: list[int], output_ids: list[int], vocab_size: int | None = None) -> float:
+    """Mean negative log-likelihood per token of `output_ids` after `prompt_ids`, under `model`
+    (the original model's judgement of a text; NaN for an empty output)."""
+    if not output_ids:
+        return float("nan")
+    ids = torch.tensor([list(prompt_ids) + list(output_ids)], device=model.device)
+    logits = model(ids).logits[0, len(prompt_ids) - 1 : -1, : vocab_size or model.config.vocab_size].float()
+    return float(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt_ids) :]))
+
+
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     """Index of the first position where two token sequences differ, or None if identical."""
     for i, (x, y) in enumerate(zip(a, b, strict=False)):

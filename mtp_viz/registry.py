@@ -11,7 +11,7 @@ from mtp_viz.errors import UnknownModelError
 
 REGISTRY_ENV = "MTP_VIZ_MODELS"  # path of another models.yaml (tests point it at tiny models)
 DEFAULT_REGISTRY = Path(__file__).resolve().parent.parent / "models.yaml"
-SOURCE_KINDS = ("cache", "hub", "gguf_wheel", "local", "early_exit", "trained_draft")
+SOURCE_KINDS = ("cache", "hub", "gguf_wheel", "local", "early_exit", "trained_draft", "mask_adapter")
 
 
 @dataclass(frozen=True)
@@ -20,8 +20,8 @@ class Source:
     repo: str | None = None  # hub
     package: str | None = None  # gguf_wheel
     file: str | None = None  # gguf_wheel
-    path: str | None = None  # local, trained_draft
-    base: str | None = None  # early_exit, trained_draft: the registry id whose modules this model shares
+    path: str | None = None  # local, trained_draft, mask_adapter
+    base: str | None = None  # early_exit, trained_draft, mask_adapter: the registry id whose modules it shares
     layers: int | None = None  # early_exit
 
 
@@ -34,6 +34,7 @@ class ModelEntry:
     drafts: tuple[str, ...] = ()
     heads: tuple[str, ...] = ()  # MTP heads trained for this model, best first
     mask_token_id: int | None = None  # mask-token MTP models (ConfAdapt): the id of their mask token
+    mask_model: str | None = None  # this model's mask-token MTP model (a registry id), for mask strategies
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ def parse_registry(data: dict, base_dir: Path) -> Registry:
             drafts=tuple(raw.get("drafts", ())),
             heads=tuple(raw.get("heads", ())),
             mask_token_id=raw.get("mask_token_id"),
+            mask_model=raw.get("mask_model"),
         )
         models[entry.id] = entry
     heads = {}
@@ -102,8 +104,14 @@ def parse_registry(data: dict, base_dir: Path) -> Registry:
         for s in entry.sources:
             if s.kind == "early_exit" and (s.base not in models or not s.layers):
                 raise ValueError(f"model {entry.id}: early_exit needs a registered base and a layer count")
-            if s.kind == "trained_draft" and (s.base not in models or not s.path):
-                raise ValueError(f"model {entry.id}: trained_draft needs a registered base and a path")
+            if s.kind in ("trained_draft", "mask_adapter") and (s.base not in models or not s.path):
+                raise ValueError(f"model {entry.id}: {s.kind} needs a registered base and a path")
+            if s.kind == "mask_adapter" and entry.mask_token_id is None:
+                raise ValueError(f"model {entry.id}: a mask_adapter model needs its mask_token_id")
+        if entry.mask_model is not None and (
+            entry.mask_model not in models or models[entry.mask_model].mask_token_id is None
+        ):
+            raise ValueError(f"model {entry.id}: mask_model {entry.mask_model!r} is not a registered mask-token model")
         for h in entry.heads:
             if h not in heads:
                 raise ValueError(f"model {entry.id}: heads {h!r} are not in the registry")

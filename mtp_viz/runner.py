@@ -156,6 +156,10 @@ class Run:
         self.draft = self._load_draft(model_name) if self.spec.needs_draft else None
         entry = load_registry().models.get(model_name)
         self.mask_token_id = entry.mask_token_id if entry else None
+        if self.mask_token_id is None and entry and entry.mask_model and self.spec.masks_wanted(self.settings):
+            # the model's mask-token MTP model: the same weights with a mask token and its adapter
+            self.target = load_model(entry.mask_model, request.device, request.dtype)
+            self.mask_token_id = load_registry().get(entry.mask_model).mask_token_id
         self.heads_name, self.heads = (
             load_heads_for(self.target, request.heads)
             if self.spec.heads_needed(self.settings, self.mask_token_id)

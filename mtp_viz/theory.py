@@ -66,3 +66,45 @@ def measured_point(trace, baseline) -> dict | None:
         "c": per_draft / one_token_s if one_token_s > 0 else 0.0,
         "speedup": trace.summary["tokens_per_s"] / base_tps if base_tps else float("nan"),
     }
+
+
+CONCURRENCY_ASSUMPTIONS = (
+    "Predicted from this device's timed forwards of B sequences × k tokens: every user runs the "
+    "same strategy with the tokens per forward measured alone, a draft forward costs c of a target "
+    "forward at every B, and drafting by lookup, heads or masks is free."
+)
+
+
+def interpolated(cost: Mapping[int, float], k: float) -> float:
+    """A cost curve (k → relative cost) at a fractional k, linear between measured points (held
+    flat past the ends)."""
+    ks = sorted(cost)
+    if k <= ks[0]:
+        return cost[ks[0]]
+    for low, high in zip(ks, ks[1:], strict=False):
+        if k <= high:
+            return cost[low] + (cost[high] - cost[low]) * (k - low) / (high - low)
+    return cost[ks[-1]] * k / ks[-1]  # past the last point: proportional to the tokens
+
+
+def concurrency_speedup(
+    tokens_per_forward: float,
+    scored_per_forward: float,
+    draft_forwards_per_forward: float,
+    c: float,
+    batch_cost: Mapping[int, Mapping[int, float]],
+) -> dict[int, float]:
+    """B → predicted speedup over autoregressive decoding when B users share the device, each
+    running the strategy: tokens_per_forward tokens for a forward scoring scored_per_forward tokens
+    per sequence (cost batch_cost[B][k] of a B × 1 forward), plus draft forwards at c each."""
+    if tokens_per_forward <= 0 or scored_per_forward < 1 or c < 0:
+        raise InvalidSettingsError("need tokens per forward > 0, tokens scored per forward >= 1 and c >= 0")
+    return {
+        b: tokens_per_forward / (interpolated(cost, scored_per_forward) + draft_forwards_per_forward * c)
+        for b, cost in sorted(batch_cost.items())
+    }
+
+
+def break_even(speedups: Mapping[int, float]) -> int | None:
+    """The smallest concurrency at which the predicted speedup falls below 1x, or None."""
+    return next((b for b, s in sorted(speedups.items()) if s < 1.0), None)

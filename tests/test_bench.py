@@ -12,7 +12,11 @@ from mtp_viz.runner import parse_variant, split_variants
 
 
 def test_suite_selection():
+    math = load_suite("spec-bench", ["math_reasoning"])
+    assert len(math) == 80 and all(p.answer is not None and p.answer.lstrip("-").isdigit() for p in math)
+    assert math[0].answer == "1000"  # its reference ends "#### 1000"
     prompts = load_suite("spec-bench", ["translation", "coding"], limit=2)
+    assert all(p.answer is None for p in prompts)
     assert sorted(p.category for p in prompts) == ["coding", "coding", "translation", "translation"]
     assert len(load_suite("spec-bench")) == 480
     with pytest.raises(UserError, match="unknown categories"):
@@ -55,6 +59,11 @@ def test_bench_command_writes_tables_and_traces(use_tiny_registry, tmp_path, cap
     assert all(overall[s]["identical_share"] == 1.0 for s in labels | peers)  # all lossless, greedy
     assert all(overall[p]["mean_accepted_tokens"] is None for p in peers)  # no trace, no forward count
     assert overall["autoregressive"]["math_answer_match"] == 1.0
+    # quality: the original model's NLL of each output (lossless: the same as AR's), reference answers
+    assert overall["autoregressive"]["target_nll"] > 0
+    assert all(overall[s]["target_nll"] == pytest.approx(overall["autoregressive"]["target_nll"]) for s in labels)
+    math_row = {r["strategy"]: r for r in record["rows"] if r["category"] == "math_reasoning"}["autoregressive"]
+    assert math_row["math_accuracy"] == 0.0  # a tiny random model does not solve GSM8K
     assert len(overall["speculative"]["per_position_acceptance"]) == 3
     assert len(list((out / "traces" / "speculative").glob("*.json"))) == 2
     assert len(list((out / "traces" / "speculative_schedule-heuristic").glob("*.json"))) == 2

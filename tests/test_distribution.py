@@ -71,6 +71,8 @@ SAMPLED = {  # label → (strategy, settings, tokens sampled: enough for the str
     "lookahead": ("lookahead", {"level": 3, "window": 3, "guess": 3, "pool_from_prompt": True}, 3),
     "self_speculative": ("self_speculative", {"exit_layer": 1, "num_draft_tokens": 2}, 3),
     "mtp_heads-tree": ("mtp_heads", {"tree": "0,1,00,10"}, 3),
+    # drafts only after its first forward; a random mask-only adapter on the target
+    "mask_spec": ("mask_spec", {"k": 3}, 3),
 }
 
 
@@ -85,9 +87,14 @@ def test_sampled_tokens_follow_the_exact_target_distribution(models, label, gene
     if strategy == "mtp_heads":  # heads that guess the greedy continuation (right, then wrong-first)
         greedy, _ = decode(target, "autoregressive", PROMPT, GenerationSettings(max_new_tokens=4))
         heads = OracleHeads(target, PROMPT, greedy, wrong_every=2)
+    model = target
+    if strategy == "mask_spec":
+        from test_mask_mtp import random_adapter
+
+        model, settings = random_adapter(target, scale=0.3), {**settings, "mask_token_id": V}
     verdicts = set()
     samples = sample_joint(
-        strategy, target, generation, draft=draft, heads=heads, n_tokens=n, verdicts=verdicts, **settings
+        strategy, model, generation, draft=draft, heads=heads, n_tokens=n, verdicts=verdicts, **settings
     )
     result = goodness_of_fit(samples, exact)
     assert result.consistent, result

@@ -5,6 +5,7 @@ from mtp_viz.strategies import (
     autoregressive,
     conf_adapt,
     lookahead,
+    mask_spec,
     mtp_heads,
     prompt_lookup,
     self_speculative,
@@ -14,7 +15,16 @@ from mtp_viz.strategies.base import StrategySpec
 
 STRATEGIES: dict[str, StrategySpec] = {
     s.SPEC.name: s.SPEC
-    for s in (autoregressive, speculative, prompt_lookup, lookahead, self_speculative, mtp_heads, conf_adapt)
+    for s in (
+        autoregressive,
+        speculative,
+        prompt_lookup,
+        lookahead,
+        self_speculative,
+        mtp_heads,
+        conf_adapt,
+        mask_spec,
+    )
 }
 
 

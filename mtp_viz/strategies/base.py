@@ -162,6 +162,10 @@ class StrategySpec:
     summary: str
     needs_heads: bool | Callable[[Any, int | None], bool] = False  # or f(settings, mask_token_id)
     lossy_when: Callable[[dict], bool] | None = None  # settings (as in a trace) that make it lossy
+    uses_masks: bool | Callable[[Any], bool] = False  # or f(settings): run on the model's mask-token model
+
+    def masks_wanted(self, settings: Any) -> bool:
+        return self.uses_masks(settings) if callable(self.uses_masks) else self.uses_masks
 
     def heads_needed(self, settings: Any, mask_token_id: int | None) -> bool:
         return self.needs_heads(settings, mask_token_id) if callable(self.needs_heads) else self.needs_heads

@@ -8,7 +8,10 @@ Emitted tokens are fed back as real inputs in the next forward. Two predictors:
   positions, plain causal attention; the predictions are the logits at the last real token and at
   each mask; the masks' key/values are cropped after the step. The paper's inference repeats one
   mask id; its training code can also write mask_id + j for the j-th mask (`mask_layout`).
-- MTP heads (mtp_viz.drafters.heads), e.g. on the embedded model: the target's own next token,
+  On a registered model with a `mask_model` (the embedded one: a mask-only LoRA adapter trained
+  here, mtp_viz.drafters.mask), the runner runs it on that model; the first token of every step
+  is then exactly the original model's.
+- MTP heads (mtp_viz.drafters.heads), the embedded model's other predictor: the target's own next token,
   then a greedy chain of k−1 head guesses, each with the heads' top-1 probability as confidence.
 `fixed` mode emits all k predictions, to show what the confidence rule buys.
 """
@@ -90,6 +93,8 @@ def run(ctx: DecodeContext, settings: ConfAdaptSettings) -> Iterator[Step]:
     heads = uses_heads(settings, ctx.mask_token_id)
     if not heads and ctx.mask_token_id is None:
         raise UserError("predictor mask_tokens needs a model with a mask token (models.yaml mask_token_id)")
+    if not heads and settings.mask_layout == OFFSET and hasattr(ctx.target, "mtp_mask_spec"):
+        raise UserError("this mask-token adapter has one mask id: use mask_layout=repeat")
     target = CachedModel(ctx.target, ctx.vocab_size)
     index = 0
     while not ctx.done:
@@ -129,6 +134,7 @@ SPEC = StrategySpec(
     run=run,
     needs_draft=False,
     needs_heads=uses_heads,
+    uses_masks=lambda settings: settings.predictor != HEADS,
     lossless=False,
     summary="Predicts k tokens per forward and emits the confident prefix, without verification (lossy).",
 )

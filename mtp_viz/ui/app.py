@@ -13,6 +13,7 @@ from mtp_viz.trace import Trace
 from mtp_viz.ui import service
 from mtp_viz.ui.bench_tab import build_bench
 from mtp_viz.ui.compare import build_compare, comparison_requests, verdicts
+from mtp_viz.ui.deploy_tab import build_deploy
 from mtp_viz.ui.explore import build_explore
 from mtp_viz.ui.gpu import on_gpu
 from mtp_viz.ui.theory_tab import build_theory
@@ -109,6 +110,7 @@ def build_app() -> gr.Blocks:
     compare = build_compare(registry, default_model)
     theory = build_theory()
     bench = build_bench()
+    deploy = build_deploy()
     with gr.Blocks(title=TITLE) as app:
         gr.Markdown(INTRO)
         with gr.Tab("Explore"):
@@ -119,6 +121,8 @@ def build_app() -> gr.Blocks:
             theory.render()
         with gr.Tab("Benchmark"):
             bench.render()
+        with gr.Tab("Deploy?"):
+            deploy.render()
         gr.api(api_run, api_name="run", concurrency_limit=4)
         gr.api(api_compare, api_name="compare", concurrency_limit=2)
     return app

@@ -9,6 +9,7 @@ import pandas as pd
 
 from mtp_viz.errors import UserError
 from mtp_viz.machine import describe
+from mtp_viz.registry import load_registry
 from mtp_viz.ui import notes, service
 from mtp_viz.viz import figures
 from mtp_viz.viz.tables import bench_table
@@ -42,6 +43,15 @@ def measured_on(path: str | Path) -> str:
     except (OSError, ValueError, AttributeError):
         machine = {}
     return f"Measured on {describe(machine)}." if machine else "The machine these results came from is not recorded."
+
+
+def results_model(path: str | Path) -> str:
+    """The model a results folder was measured on (its summary.json; older ones: the CPU default)."""
+    try:
+        model = json.loads(Path(path).with_name("summary.json").read_text(encoding="utf-8")).get("model")
+    except (OSError, ValueError, AttributeError):
+        model = None
+    return model or load_registry().default_for("cpu")
 
 
 def views(summary: pd.DataFrame, strategies: list[str] | None = None):

@@ -53,3 +53,12 @@ BENCH = """**What you are seeing.** A benchmark over Spec-Bench prompts (`python
 autoregressive decoding measured in the same run as the baseline of every speedup. Lossless
 strategies must reproduce autoregressive output (agreement 1). Lossy ones (ConfAdapt, typical
 acceptance) trade agreement for speed: the scatter shows where each one lands."""
+
+DEPLOY = """**Is the speedup worth deploying?** Each row is one strategy from a benchmark: what it measured
+(speedup, tokens per target forward, how often its output is identical to autoregressive decoding,
+the original model's negative log-likelihood of its text, math answers right) beside what it costs
+to run: extra models to serve, extra parameters and memory (a draft, heads or an adapter, and the
+draft's KV cache), training required, and forwards per token. The costs come from the models the
+benchmark's traces name, loaded here. Speculation buys time when a forward is limited by reading
+the weights; with many users in one batch the device becomes busy computing and extra verified
+tokens stop being free. The curve predicts where each strategy stops paying on this device."""

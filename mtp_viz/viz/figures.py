@@ -304,6 +304,43 @@ def speed_quality(summary, quality: str = "agreement", strategies: list[str] | N
     return _bench_layout(fig, f"Speed against quality ({quality})", xaxis_title="speedup (x)", yaxis_title=quality)
 
 
+def concurrency(curves: dict[str, tuple[dict[int, float], int | None]], machine: str) -> go.Figure:
+    """Predicted speedup against concurrent users per strategy (mtp_viz.deploy.concurrency_curves),
+    a cross where each first drops below 1x; labelled with the machine the B × k timings came from."""
+    fig = go.Figure()
+    for label, (speedups, below) in list(curves.items())[:MAX_SERIES]:
+        colour, marker = family_style(label)
+        name = html.escape(label + (f" (below 1x from {below} users)" if below else " (≥ 1x up to the last measured)"))
+        xs = sorted(speedups)
+        fig.add_scatter(
+            x=xs,
+            y=[speedups[b] for b in xs],
+            mode="lines+markers",
+            name=name,
+            line=dict(color=colour),
+            marker=dict(symbol=marker, size=8, color=colour),
+            hovertemplate=f"{html.escape(label)}<br>%{{x}} users: %{{y:.2f}}x<extra></extra>",
+        )
+        if below:
+            fig.add_scatter(
+                x=[below],
+                y=[speedups[below]],
+                mode="markers",
+                showlegend=False,
+                marker=dict(symbol="x-thin", size=16, line=dict(width=3, color=colour)),
+                hoverinfo="skip",
+            )
+    fig.add_hline(y=1.0, line_color="#111827", line_dash="dot", annotation_text="autoregressive")
+    if not curves:
+        _empty_note(fig, "no strategy here has the per-forward figures (re-run the bench) or no B × k profile")
+    return _bench_layout(
+        fig,
+        f"Predicted speedup under load · {html.escape(machine)}",
+        xaxis=dict(title="concurrent users B (sequences per forward)", type="log", dtick=0.30103),
+        yaxis_title="speedup over autoregressive (x)",
+    )
+
+
 def exit_agreement_bars(agreement: dict[int, float] | None) -> go.Figure:
     """Profile → per layer L, how often an early exit after L layers picks the model's own next token."""
     fig = go.Figure()

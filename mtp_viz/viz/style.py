@@ -52,6 +52,7 @@ FAMILY_COLOURS = {
     "self_speculative": "#9333ea",
     "mtp_heads": "#dc2626",
     "conf_adapt": "#db2777",
+    "mask_spec": "#0891b2",
 }
 PEER_COLOUR = "#9ca3af"
 FAMILY_MARKERS = {
@@ -62,5 +63,6 @@ FAMILY_MARKERS = {
     "self_speculative": "triangle-down",
     "mtp_heads": "star",
     "conf_adapt": "hexagon",
+    "mask_spec": "pentagon",
 }
 PEER_MARKER = "x"

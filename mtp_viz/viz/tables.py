@@ -90,6 +90,8 @@ BENCH_COLUMNS = {
     "tokens per forward": "mean_accepted_tokens",
     "identical to AR": "identical_share",
     "agreement": "agreement",
+    "target NLL": "target_nll",
+    "math accuracy": "math_accuracy",
 }
 
 

@@ -1,0 +1,126 @@
+"""Speculative decoding with mask-token drafts, verified in the same forward (lossless).
+
+A mask-token MTP model (mtp_viz.drafters.mask, or any model with a `mask_token_id`) writes k−1
+guesses per forward at k−1 mask tokens appended after the real ones. ConfAdapt emits confident
+guesses unverified; here they are verified, by the next forward, which does both jobs at once:
+
+    [the new real token(s), the previous step's guesses g_1 … g_m, k−1 masks]
+
+The real positions verify the guesses (greedy: the longest prefix the model agrees with; sampling:
+accept with min(1, p/q), q from the masks' distributions, resample at the first rejection, a
+bonus token after the last guess). The masks, placed after the guesses, draft the next step's
+guesses, which only stand if every guess was accepted (the masks assumed them); otherwise the next
+step drafts afresh. The masks' key/values are cropped from the cache after every step.
+
+Lossless when the real positions run the unchanged model: a mask-only adapter (the default for
+adapters trained here) leaves them untouched, so no second model is needed.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from mtp_viz.cache import CachedModel
+from mtp_viz.drafters.mask import MASK_ONLY
+from mtp_viz.errors import UserError
+from mtp_viz.sampling import probs_from_logits, sample
+from mtp_viz.strategies.base import DecodeContext, StrategySpec, chain_drafts, check_settings, setting, verify_chain
+from mtp_viz.trace import BONUS, Step
+
+NAME = "mask_spec"
+MAX_K = 16
+MASK_SOURCE = "mask_token"
+
+
+@dataclass(frozen=True)
+class MaskSpecSettings:
+    k: int = setting(4, "Predictions per forward k (1 real + k−1 masks)", low=2, high=MAX_K)
+
+    def __post_init__(self):
+        check_settings(self)
+
+
+def check_model(ctx: DecodeContext) -> None:
+    if ctx.mask_token_id is None:
+        raise UserError("mask_spec needs a model with a mask token (models.yaml mask_token_id or mask_model)")
+    spec = getattr(ctx.target, "mtp_mask_spec", None)
+    if spec is not None and spec.gating != MASK_ONLY:
+        raise UserError(
+            "mask_spec needs a mask-only adapter: this one changes the real positions too, so it would "
+            "verify against another model than the original"
+        )
+
+
+def draft_from_masks(ctx: DecodeContext, mask_logits: torch.Tensor) -> tuple[list[int], torch.Tensor | None, list]:
+    """The next guesses from the masks' logits (n, V): argmax, or draws from the warped
+    distributions (returned as q (n, V) for the next verification); and each guess's q."""
+    if ctx.warp.greedy:
+        ids = mask_logits.argmax(-1).tolist()
+        q = (
+            torch.softmax(mask_logits, -1)[torch.arange(len(ids)), ids].tolist()
+            if ctx.record_probs
+            else [None] * len(ids)
+        )
+        return ids, None, q
+    q_draft = probs_from_logits(mask_logits, ctx.warp)  # (n, V)
+    ids = [sample(row, ctx.generator) for row in q_draft]
+    return ids, q_draft, [float(q_draft[i, t]) for i, t in enumerate(ids)]
+
+
+def run(ctx: DecodeContext, settings: MaskSpecSettings) -> Iterator[Step]:
+    check_model(ctx)
+    target = CachedModel(ctx.target, ctx.vocab_size)
+    guesses: list[int] = []  # drafted by the last step's masks, verified by this step
+    q_draft, q = None, []
+    index = 0
+    while not ctx.done:
+        start = ctx.clock.now()
+        keep = max(0, min(len(guesses), ctx.remaining - 1))  # never verify past the budget
+        guesses, q = guesses[:keep], q[:keep]
+        q_draft = None if q_draft is None else q_draft[:keep]
+        masks = [ctx.mask_token_id] * (settings.k - 1)
+        fed = len(ctx.seq) + len(guesses) + len(masks) - target.length
+        # verify + draft: one forward scores the guesses and fills the masks
+        logits = target.forward(ctx.seq + guesses + masks, logits_to_keep=1 + len(guesses) + len(masks))
+        verified = ctx.clock.now()
+        # accept: the longest acceptable prefix of the guesses, then the model's own token
+        result = verify_chain(ctx, logits[: len(guesses) + 1], guesses, q_draft)
+        drafted = chain_drafts(guesses, MASK_SOURCE, q)
+        verdicts, target_p, draws = result.verdicts, result.target_p, result.draws
+        # commit: extend the output; the rejected guesses' and the masks' key/values go
+        ctx.output.extend(result.tokens)
+        cropped = list(range(len(ctx.seq) - 1, target.length))
+        target.rollback(len(ctx.seq) - 1)
+        # draft: the masks' guesses stand only if they followed what was committed
+        all_taken = bool(result.emitted) and result.emitted[-1].origin == BONUS or not guesses
+        next_guesses, q_draft, q = draft_from_masks(ctx, logits[len(guesses) + 1 :]) if all_taken else ([], None, [])
+        end = ctx.clock.now()
+        yield Step(
+            index=index,
+            emitted=result.emitted,
+            drafted=drafted,
+            verdicts=verdicts,
+            target_p=target_p,
+            draws=draws,
+            draft_s=end - verified,
+            verify_s=verified - start,
+            step_s=end - start,
+            target_forwards=1,
+            input_tokens=fed,
+            kv_len=target.length,
+            extra={"masks": len(masks), "cropped_positions": cropped, "next_guesses": next_guesses},
+        )
+        guesses = next_guesses
+        index += 1
+
+
+SPEC = StrategySpec(
+    name=NAME,
+    settings_cls=MaskSpecSettings,
+    run=run,
+    needs_draft=False,
+    lossless=True,
+    uses_masks=True,
+    summary="Mask tokens draft k−1 guesses; the next forward verifies them while its masks draft the next ones.",
+)

@@ -1,0 +1,125 @@
+"""The architect's view: costs from the loaded models, B × k timings, the predicted speedup under
+load, and the Deploy tab's table, CSV and figure (tiny models)."""
+
+import json
+
+import pandas as pd
+import pytest
+from conftest import tiny_model
+
+from mtp_viz.__main__ import main
+from mtp_viz.deploy import DEPLOY_CONTEXT, concurrency_curves, deploy_table, kv_cache_bytes
+from mtp_viz.errors import InvalidSettingsError
+from mtp_viz.models import load_model
+from mtp_viz.profile import batch_profile
+from mtp_viz.theory import break_even, concurrency_speedup, interpolated
+from mtp_viz.viz import figures
+
+BATCH = {1: {1: 1.0, 2: 1.02, 4: 1.05}, 8: {1: 1.0, 2: 1.5, 4: 2.5}, 32: {1: 1.0, 2: 1.9, 4: 3.8}}
+
+
+def test_concurrency_speedup_divides_tokens_by_what_the_forward_costs_at_each_load():
+    curve = concurrency_speedup(
+        tokens_per_forward=2.0, scored_per_forward=3.0, draft_forwards_per_forward=0.0, c=0.0, batch_cost=BATCH
+    )
+    assert curve[1] == pytest.approx(2.0 / 1.035) and curve[8] == pytest.approx(2.0 / 2.0)
+    assert curve[32] == pytest.approx(2.0 / 2.85)
+    assert break_even(curve) == 32  # 8 is exactly 1.0: not below
+    with_draft = concurrency_speedup(2.0, 3.0, 2.0, 0.1, BATCH)
+    assert with_draft[1] == pytest.approx(2.0 / (1.035 + 0.2))
+    assert break_even({1: 1.2, 2: 1.1}) is None
+    assert interpolated({1: 1.0, 4: 2.5}, 8) == pytest.approx(5.0)  # past the end: proportional
+    with pytest.raises(InvalidSettingsError):
+        concurrency_speedup(0.0, 1.0, 0.0, 0.0, BATCH)
+
+
+def test_batch_profile_times_every_b_and_k_relative_to_one_token():
+    model = tiny_model()
+    cost, one = batch_profile(model, sizes=(1, 3), ks=(1, 2, 5), repeats=1, context=8)
+    assert set(cost) == {1, 3} and all(set(row) == {1, 2, 5} for row in cost.values())
+    assert all(row[1] == 1.0 for row in cost.values()) and all(t > 0 for t in one.values())
+
+
+def test_profile_command_records_b_by_k_timings_and_refuses_bad_sizes(use_tiny_registry, tmp_path, capsys):
+    out = tmp_path / "p.json"
+    common = ["profile", "--model", "tiny", "--max-k", "3", "--repeats", "1", "--exit-prompts", "0", "--out", str(out)]
+    assert main([*common, "--batch-sizes", "1,2"]) == 0
+    data = json.loads(out.read_text())
+    assert set(data["batch_cost"]) == {"1", "2"} and set(data["batch_one_token_s"]) == {"1", "2"}
+    assert main([*common, "--batch-sizes", "1,x"]) == 2
+    assert "--batch-sizes" in capsys.readouterr().err
+    assert main([*common, "--batch-sizes", ""]) == 0
+    assert json.loads(out.read_text())["batch_cost"] is None
+
+
+def _summary() -> pd.DataFrame:
+    rows = [
+        ("autoregressive", 1.0, 1.0, 1.0, 0.0),
+        ("speculative:num_draft_tokens=2", 1.3, 1.8, 3.0, 2.0),
+        ("prompt_lookup", 1.1, 1.3, 3.0, 0.0),
+        ("hf_generate", 0.9, float("nan"), float("nan"), float("nan")),
+    ]
+    return pd.DataFrame(
+        [
+            {
+                "category": "overall",
+                "strategy": s,
+                "speedup": sp,
+                "tokens_per_s": 10 * sp,
+                "mean_accepted_tokens": tok,
+                "scored_per_forward": scored,
+                "draft_forwards_per_forward": drafts,
+                "identical_share": 1.0,
+                "agreement": 1.0,
+            }
+            for s, sp, tok, scored, drafts in rows
+        ]
+    )
+
+
+def test_deploy_table_puts_measured_speed_beside_costs_from_the_loaded_models(use_tiny_registry):
+    table = deploy_table(_summary(), "tiny").set_index("strategy")
+    assert "hf_generate" not in table.index  # peers are baselines, not deployments
+    assert list(table.index) == ["speculative:num_draft_tokens=2", "prompt_lookup", "autoregressive"]
+    target, draft = load_model("tiny"), load_model("tiny-draft")
+    spec = table.loc["speculative:num_draft_tokens=2"]
+    n = sum(p.numel() for p in draft.model.parameters())
+    assert spec["extra_models"] == 1 and spec["extra_params"] == n
+    expected_mb = (n * 4 + kv_cache_bytes(draft.model, DEPLOY_CONTEXT)) / 2**20
+    assert spec["extra_memory_mb"] == pytest.approx(expected_mb, abs=1e-3)
+    assert spec["target_forwards_per_token"] == pytest.approx(1 / 1.8, abs=1e-4)
+    assert spec["draft_forwards_per_token"] == pytest.approx(2.0 / 1.8, abs=1e-4)
+    lookup = table.loc["prompt_lookup"]
+    assert lookup["extra_models"] == 0 and lookup["extra_params"] == 0 and lookup["training"] == "none"
+    assert target.name == "tiny"
+
+
+def test_concurrency_curves_and_their_figure_mark_where_speculation_stops_paying():
+    summary = _summary()
+    curves = concurrency_curves(summary, ["speculative:num_draft_tokens=2", "prompt_lookup", "hf_generate"], BATCH, 0.1)
+    assert set(curves) == {"speculative:num_draft_tokens=2", "prompt_lookup"}  # the peer has no forwards
+    speedups, below = curves["prompt_lookup"]
+    assert speedups[1] > 1.0 and below == 8
+    assert concurrency_curves(summary, ["speculative:num_draft_tokens=2"], BATCH, None) == {}  # c unknown
+    fig = figures.concurrency(curves, "Some CPU")
+    legend = [t for t in fig.data if t.showlegend is not False]
+    assert len(legend) == 2 and "below 1x from 8 users" in legend[1].name
+    assert any(t.marker.symbol == "x-thin" for t in fig.data)
+    assert "Some CPU" in fig.layout.title.text
+
+
+def test_deploy_tab_views_write_the_csv_and_name_the_machines(use_tiny_registry, tmp_path):
+    from mtp_viz.ui.deploy_tab import read_batch_profile, views
+
+    results = tmp_path / "summary.csv"
+    _summary().to_csv(results, index=False)
+    (tmp_path / "summary.json").write_text(json.dumps({"model": "tiny", "machine": {"cpu": "Bench CPU"}, "rows": []}))
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"batch_cost": BATCH, "c": 0.1, "machine": {"cpu": "Profile CPU"}}))
+    table, csv, fig, caption = views(results, profile)
+    assert pd.read_csv(csv)["strategy"].tolist() == table["strategy"].tolist()
+    assert "Bench CPU" in caption and "Profile CPU" in caption
+    assert 1 <= len([t for t in fig.data if t.showlegend is not False]) <= figures.MAX_SERIES
+    _, _, _, caption = views(results, None)
+    assert "no B × k timings" in caption
+    assert read_batch_profile(None)[0] is None
