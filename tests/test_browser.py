@@ -156,3 +156,41 @@ def test_theory_measures_this_machine_and_labels_the_curve(page, tmp_path, monke
     page.wait_for_selector("text=(this machine)", timeout=30_000)  # the legend names the new curve
     _no_error_toast(page)
     page.screenshot(path=str(ARTIFACTS / "theory-measured.png"), full_page=True)
+
+
+FIGURES_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+  .filter(p => p.offsetParent !== null)
+  .map(p => {
+    const frame = p.parentElement.getBoundingClientRect();
+    const svg = (p.querySelector('.main-svg') || p).getBoundingClientRect();
+    const title = p.querySelector('.gtitle');
+    return {title: title ? title.textContent : '', right: svg.right, left: svg.left, frameRight: frame.right,
+            frameLeft: frame.left, legend: p.querySelectorAll('.legend .traces').length, page: window.innerWidth};
+  })"""
+TABS = ("Explore", "Compare", "Theory", "Benchmark", "Deploy?")
+
+
+@pytest.mark.parametrize("width", [1400, 900])
+def test_every_tab_is_readable_after_a_run(page, width):
+    """A laptop and a projector: after a run, every tab's figures fit their frames and the page,
+    and no legend lists more than the cap. Screenshots of each tab land in test-artifacts/."""
+    from mtp_viz.viz.figures import MAX_SERIES
+
+    page.set_viewport_size({"width": width, "height": 1600})
+    page.get_by_role("button", name="Run", exact=True).click()
+    _wait_for_own_run(page)
+    for tab in TABS:
+        page.get_by_role("tab", name=tab).click()
+        if tab == "Compare":
+            page.get_by_role("button", name="Compare", exact=True).click()
+            page.wait_for_selector("#mv-verdicts li", timeout=90_000)
+        if tab == "Deploy?":
+            page.wait_for_selector("#mv-deploy-load .js-plotly-plot", timeout=60_000)
+        page.wait_for_timeout(1500)  # plots lay out after the tab shows
+        figures = page.evaluate(FIGURES_JS)
+        assert figures, f"{tab}: no figure drawn"
+        for f in figures:
+            assert f["right"] <= min(f["frameRight"], f["page"]) + 2 and f["left"] >= f["frameLeft"] - 2, (tab, f)
+            assert f["legend"] <= MAX_SERIES, (tab, f)
+        _no_error_toast(page)
+        page.screenshot(path=str(ARTIFACTS / f"tab-{tab.strip('?').lower()}-{width}.png"), full_page=True)

@@ -73,7 +73,7 @@ def test_bench_views_from_a_summary(tmp_path):
     )
     path = tmp_path / "summary.csv"
     summary.to_csv(path, index=False)
-    table, speed, accepted, pareto = views(read_summary(path))
+    table, speed, accepted, pareto, lossy = views(read_summary(path))
     assert list(table["strategy"]) == ["conf_adapt", "autoregressive"]  # one row per strategy, fastest first
     assert list(table.columns[:6]) == [
         "strategy",
@@ -86,6 +86,12 @@ def test_bench_views_from_a_summary(tmp_path):
     assert table.loc[0, "qa speedup"] == 2.0
     assert [d.name for d in speed.data] == ["conf_adapt"]  # autoregressive is the 1.0 line, not a series
     assert [d.name for d in pareto.data] == ["conf_adapt"] and pareto.data[0].mode == "markers"
+    # the lossy trade-off: the ConfAdapt line (agreement: no math prompts here), the lossless points,
+    # and the paper's published points as reference marks
+    names = [d.name for d in lossy.data]
+    assert names[0] == "conf_adapt, mask tokens (each variant)" and list(lossy.data[0].y) == [0.7]
+    assert "lossless strategies" in names and sum("paper:" in n for n in names) == 2
+    assert "agreement" in lossy.layout.title.text
 
 
 def test_bench_figures_stay_readable_with_many_variants():
@@ -116,11 +122,11 @@ def test_bench_figures_stay_readable_with_many_variants():
         [b for b in best if not b.startswith("hf_")]
     )
     assert "mtp_heads:v=4" in best and "speculative:num_draft_tokens=8" in best and "hf_assisted" in best
-    table, speed, accepted, pareto = views(summary, best)
+    table, speed, accepted, pareto, lossy = views(summary, best)
     assert len(table) == len(labels) and set(table.loc[table["strategy"].str.startswith("hf_"), "kind"]) == {
         "peer (transformers)"
     }
-    for fig in (speed, accepted, pareto):
+    for fig in (speed, accepted, pareto, lossy):
         assert len(fig.data) <= figures.MAX_SERIES
         assert fig.layout.legend.y < 0  # below the plot, never over the bars
     assert all(bar.y is not None and len(bar.y) == 3 for bar in speed.data)  # every category drawn
@@ -167,7 +173,7 @@ def test_shipped_bench_results_and_profile_load_in_the_tabs():
     summary = read_summary(shipped["cpu-smollm2-135m"])
     base = summary[summary["strategy"] == "autoregressive"]
     assert set(base["speedup"]) == {1.0} and "overall" in set(summary["category"])
-    table, speed, accepted, pareto = views(summary)
+    table, speed, accepted, pareto, lossy = views(summary)
     assert 1 <= len(speed.data) <= figures.MAX_SERIES and len(table) == summary["strategy"].nunique()
     exits = read_profile(shipped_profiles()["profile-smollm2-135m-cpu"]).exits
     assert len(exits) == 30 and exits[30] == 1.0

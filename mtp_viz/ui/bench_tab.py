@@ -61,6 +61,7 @@ def views(summary: pd.DataFrame, strategies: list[str] | None = None):
         figures.category_bars(summary, "speedup", "Speedup over autoregressive, by category", strategies),
         figures.category_bars(summary, "mean_accepted_tokens", "Tokens per target forward, by category", strategies),
         figures.speed_quality(summary, strategies=strategies),
+        figures.pareto(summary),
     )
 
 
@@ -83,11 +84,12 @@ def build_bench() -> gr.Blocks:
         speed = gr.Plot(label="Speedup by category")
         accepted = gr.Plot(label="Accepted tokens by category")
         pareto = gr.Plot(label="Speed against quality")
+        lossy = gr.Plot(label="The lossy trade-off: every ConfAdapt variant, and the paper's points")
         current = gr.State("")
 
         def show(path):
             if not path:
-                return (gr.skip(),) * 7
+                return (gr.skip(),) * 8
             try:
                 summary = read_summary(path)
             except UserError as e:
@@ -101,9 +103,9 @@ def build_bench() -> gr.Blocks:
                 return (gr.skip(),) * 3
             if len(strategies) > figures.MAX_SERIES:
                 gr.Warning(f"the figures show the first {figures.MAX_SERIES} chosen strategies")
-            return views(read_summary(path), strategies[: figures.MAX_SERIES])[1:]
+            return views(read_summary(path), strategies[: figures.MAX_SERIES])[1:4]
 
-        outputs = [current, where, chosen, table, speed, accepted, pareto]
+        outputs = [current, where, chosen, table, speed, accepted, pareto, lossy]
         example.change(lambda name: show(examples.get(name)), example, outputs, api_visibility="private")
         upload.upload(show, upload, outputs, api_visibility="private")
         chosen.input(redraw, [current, chosen], [speed, accepted, pareto], api_visibility="private")

@@ -341,6 +341,69 @@ def concurrency(curves: dict[str, tuple[dict[int, float], int | None]], machine:
     )
 
 
+# The paper's published points (Kirchenbauer et al., arXiv 2602.06019, ConfAdapt at τ = 0.9):
+# (label, speedup, 1 − GSM8K accuracy loss). Other models and hardware: reference marks only.
+PAPER_POINTS = (
+    ("paper: Llama-3.1-8B-Magpie, τ=0.9 (>3x, <3% loss)", 3.0, 0.97),
+    ("paper: Qwen3-4B (3x, 7% loss)", 3.0, 0.93),
+)
+
+
+def pareto(summary, quality: str = "math_answer_match") -> go.Figure:
+    """The lossy strategies' speed/quality trade-off: every ConfAdapt and mask-token variant of a
+    bench (τ sweep, fixed k), a line per family through its variants by speed, autoregressive and
+    the lossless strategies at quality 1, and the paper's published points as reference marks.
+    quality: a summary column in [0, 1] (default: math final answers the same as autoregressive's;
+    agreement where a summary has no math prompts)."""
+    overall = summary[summary["category"] == "overall"]
+    if quality not in overall or overall[quality].isna().all():
+        quality = "agreement"
+    fig = go.Figure()
+    lossy = overall[overall["strategy"].map(family).isin(("conf_adapt",))]
+    predictor = lossy["strategy"].map(lambda s: "heads" if "predictor=heads" in str(s) else "mask tokens")
+    for (fam, pred), rows in lossy.groupby([lossy["strategy"].map(family), predictor]):
+        rows = rows.sort_values("speedup")
+        colour, marker = family_style(fam)
+        colour = colour if pred == "mask tokens" else "#f9a8d4"
+        fig.add_scatter(
+            x=rows["speedup"],
+            y=rows[quality],
+            mode="lines+markers",
+            name=html.escape(f"{fam}, {pred} (each variant)"),
+            line=dict(color=colour),
+            marker=dict(symbol=marker, size=10, color=colour),
+            text=[html.escape(str(s)) for s in rows["strategy"]],
+            hovertemplate="%{text}<br>speedup %{x:.2f}x<br>" + quality + " %{y:.3f}<extra></extra>",
+        )
+    lossless = overall[~overall["strategy"].map(family).isin(("conf_adapt",))]
+    lossless = lossless[~lossless["strategy"].astype(str).str.startswith(PEER_PREFIX)]
+    fig.add_scatter(
+        x=lossless["speedup"],
+        y=[1.0] * len(lossless),
+        mode="markers",
+        name="lossless strategies",
+        marker=dict(symbol="circle-open", size=10, color="#111827"),
+        text=[html.escape(str(s)) for s in lossless["strategy"]],
+        hovertemplate="%{text}<br>speedup %{x:.2f}x (lossless)<extra></extra>",
+    )
+    for label, x, y in PAPER_POINTS:
+        fig.add_scatter(
+            x=[x],
+            y=[y],
+            mode="markers",
+            name=html.escape(label),
+            marker=dict(symbol="star-diamond-open", size=14, color="#6b7280", line=dict(width=2)),
+            hovertemplate=html.escape(label) + "<extra>published, other model and hardware</extra>",
+        )
+    fig.add_vline(x=1.0, line_color="#9ca3af", line_dash="dot")
+    return _bench_layout(
+        fig,
+        f"Speed against quality: lossy variants ({quality}) and the paper's published points",
+        xaxis_title="speedup over autoregressive (x)",
+        yaxis=dict(title=f"{quality} (paper: 1 − accuracy loss)", range=[0, 1.05]),
+    )
+
+
 def exit_agreement_bars(agreement: dict[int, float] | None) -> go.Figure:
     """Profile → per layer L, how often an early exit after L layers picks the model's own next token."""
     fig = go.Figure()
