@@ -167,6 +167,12 @@ FIGURES_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
     return {title: title ? title.textContent : '', right: svg.right, left: svg.left, frameRight: frame.right,
             frameLeft: frame.left, legend: p.querySelectorAll('.legend .traces').length, page: window.innerWidth};
   })"""
+WIDE_HTML_JS = """() => Array.from(document.querySelectorAll('.mv-detail'))
+  .filter(e => e.offsetParent !== null)
+  .map(e => e.closest('.mv-scroll') || e)
+  .filter(e => e.getBoundingClientRect().right >
+               (e.closest('.block') || document.body).getBoundingClientRect().right + 2)
+  .map(e => e.className || e.tagName)"""
 TABS = ("Explore", "Compare", "Theory", "Benchmark", "Deploy?")
 
 
@@ -192,5 +198,7 @@ def test_every_tab_is_readable_after_a_run(page, width):
         for f in figures:
             assert f["right"] <= min(f["frameRight"], f["page"]) + 2 and f["left"] >= f["frameLeft"] - 2, (tab, f)
             assert f["legend"] <= MAX_SERIES, (tab, f)
+        wide = page.evaluate(WIDE_HTML_JS)  # HTML panels (the replay table) stay inside their column
+        assert not wide, (tab, wide)
         _no_error_toast(page)
         page.screenshot(path=str(ARTIFACTS / f"tab-{tab.strip('?').lower()}-{width}.png"), full_page=True)

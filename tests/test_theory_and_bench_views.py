@@ -89,7 +89,7 @@ def test_bench_views_from_a_summary(tmp_path):
     # the lossy trade-off: the ConfAdapt line (agreement: no math prompts here), the lossless points,
     # and the paper's published points as reference marks
     names = [d.name for d in lossy.data]
-    assert names[0] == "conf_adapt, mask tokens (each variant)" and list(lossy.data[0].y) == [0.7]
+    assert names[0] == "conf_adapt (each variant)" and list(lossy.data[0].y) == [0.7]
     assert "lossless strategies" in names and sum("paper:" in n for n in names) == 2
     assert "agreement" in lossy.layout.title.text
 

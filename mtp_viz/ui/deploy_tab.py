@@ -76,11 +76,10 @@ def build_deploy() -> gr.Blocks:
             elem_id="mv-deploy-table",
         )
         csv = gr.DownloadButton("Download the table (CSV)", elem_id="mv-deploy-csv")
-        with gr.Row():
-            with gr.Column(scale=3):
-                curve = gr.Plot(label="Does it survive load?", elem_id="mv-deploy-load")
-            with gr.Column(scale=1):
-                gr.Markdown(f"**Assumptions.** {CONCURRENCY_ASSUMPTIONS}", elem_id="mv-deploy-assumptions")
+        gr.Markdown(
+            f"**Does it survive load? Assumptions:** {CONCURRENCY_ASSUMPTIONS}", elem_id="mv-deploy-assumptions"
+        )
+        curve = gr.Plot(label="Does it survive load?", elem_id="mv-deploy-load")
 
         def show(name, profile_name):
             try:

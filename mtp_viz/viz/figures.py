@@ -1,6 +1,7 @@
 """Trace → plotly figures. Pure functions; one shared style (viz/style.py)."""
 
 import html
+import re
 
 import plotly.graph_objects as go
 
@@ -331,13 +332,14 @@ def concurrency(curves: dict[str, tuple[dict[int, float], int | None]], machine:
                 hoverinfo="skip",
             )
     fig.add_hline(y=1.0, line_color="#111827", line_dash="dot", annotation_text="autoregressive")
+    sizes = sorted({b for speedups, _ in curves.values() for b in speedups}) or [1, 2, 4, 8, 16, 32]
     if not curves:
-        _empty_note(fig, "no strategy here has the per-forward figures (re-run the bench) or no B × k profile")
+        _empty_note(fig, "no per-forward figures in these results (re-run the bench), or no B × k timings")
     return _bench_layout(
         fig,
-        f"Predicted speedup under load · {html.escape(machine)}",
-        xaxis=dict(title="concurrent users B (sequences per forward)", type="log", dtick=0.30103),
-        yaxis_title="speedup over autoregressive (x)",
+        f"Predicted speedup under load<br><sup>B × k timings: {html.escape(machine)}</sup>",
+        xaxis=dict(title="concurrent users B (sequences per forward)", type="log", tickvals=sizes, ticktext=sizes),
+        yaxis=dict(title="speedup over autoregressive (x)", rangemode="tozero"),
     )
 
 
@@ -360,16 +362,17 @@ def pareto(summary, quality: str = "math_answer_match") -> go.Figure:
         quality = "agreement"
     fig = go.Figure()
     lossy = overall[overall["strategy"].map(family).isin(("conf_adapt",))]
-    predictor = lossy["strategy"].map(lambda s: "heads" if "predictor=heads" in str(s) else "mask tokens")
+    predictor = lossy["strategy"].map(lambda s: re.search(r"predictor=(\w+)", str(s)))
+    predictor = predictor.map(lambda m: f", {m.group(1).replace('_', ' ')}" if m else "")
     for (fam, pred), rows in lossy.groupby([lossy["strategy"].map(family), predictor]):
         rows = rows.sort_values("speedup")
         colour, marker = family_style(fam)
-        colour = colour if pred == "mask tokens" else "#f9a8d4"
+        colour = "#f9a8d4" if pred == ", heads" else colour
         fig.add_scatter(
             x=rows["speedup"],
             y=rows[quality],
             mode="lines+markers",
-            name=html.escape(f"{fam}, {pred} (each variant)"),
+            name=html.escape(f"{fam}{pred} (each variant)"),
             line=dict(color=colour),
             marker=dict(symbol=marker, size=10, color=colour),
             text=[html.escape(str(s)) for s in rows["strategy"]],
@@ -398,7 +401,7 @@ def pareto(summary, quality: str = "math_answer_match") -> go.Figure:
     fig.add_vline(x=1.0, line_color="#9ca3af", line_dash="dot")
     return _bench_layout(
         fig,
-        f"Speed against quality: lossy variants ({quality}) and the paper's published points",
+        f"The lossy trade-off ({quality})",
         xaxis_title="speedup over autoregressive (x)",
         yaxis=dict(title=f"{quality} (paper: 1 − accuracy loss)", range=[0, 1.05]),
     )

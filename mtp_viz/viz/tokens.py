@@ -205,10 +205,11 @@ def step_detail_html(trace: Trace, index: int) -> str:
     )
     style = (
         "<style>.mv-detail{border-collapse:collapse;font-size:13px}.mv-detail td,.mv-detail th"
-        "{border:1px solid #e5e7eb;padding:2px 6px;white-space:pre-wrap}</style>"
+        "{border:1px solid #e5e7eb;padding:2px 6px;white-space:pre-wrap}"
+        ".mv-scroll{overflow-x:auto;max-width:100%}</style>"  # a wide table scrolls in its column
     )
     return (
-        f"{style}<h4>Step {step.index} of {len(trace.steps) - 1}</h4>{drafted}"
+        f"{style}<h4>Step {step.index} of {len(trace.steps) - 1}</h4><div class='mv-scroll'>{drafted}</div>"
         f"<p><b>Emitted:</b> {emitted or 'nothing'}</p><p>{e(timing)}</p>"
     )
 
