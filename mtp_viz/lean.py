@@ -98,18 +98,34 @@ class StaticKV:
 
 
 @dataclass
+class StackedLoRA:
+    """A layer's LoRA terms (peft, one active adapter), stacked so that projections reading the
+    same input share two small products: x·Aᵀ (S, Σr), then ·Bᵀ with B block-diagonal and the
+    scaling folded in. Copies of the adapter's matrices, remade when they change (`current`)."""
+
+    qkv: tuple[torch.Tensor, torch.Tensor]  # A (3r, H), B (q + 2·kv, 3r)
+    gate_up: tuple[torch.Tensor, torch.Tensor]  # A (2r, H), B (2·I, 2r)
+    o: tuple[torch.Tensor, torch.Tensor]
+    down: tuple[torch.Tensor, torch.Tensor]
+    sources: list[tuple[torch.Tensor, int]]  # each adapter matrix and its version when stacked
+
+    def current(self) -> bool:
+        return all(p._version == version for p, version in self.sources)
+
+
+@dataclass
 class Fused:
     """One layer's projections that read the same input, as one weight each: q|k|v and gate|up.
 
     The model's own modules keep their parameters, as views into these tensors (no second copy),
     so state dicts, training and FastLinear see what they saw before. Where the modules carry
-    LoRA adapters (peft, e.g. a mask-token MTP model), their base weights are fused and each
-    adapter's own term is added after the fused product (`adapted`)."""
+    LoRA adapters (peft, e.g. a mask-token MTP model), their base weights are fused and the
+    adapters' terms stacked (`lora`)."""
 
     qkv: torch.Tensor  # (q + 2·kv, H)
     qkv_bias: torch.Tensor | None
     gate_up: torch.Tensor  # (2·I, H)
-    adapted: bool = False
+    lora: StackedLoRA | None = None
 
 
 def base_linear(module: nn.Module) -> nn.Module:
@@ -117,34 +133,63 @@ def base_linear(module: nn.Module) -> nn.Module:
     return getattr(module, "base_layer", module)
 
 
-def adapter_term(module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-    """What a peft LoRA layer adds to its base layer's output on x (its hooks included), or None
-    when it has no active, unmerged adapter."""
-    if not hasattr(module, "lora_A") or module.disable_adapters or module.merged:
+def _single_lora(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(A (r, in), B·scaling (out, r)) of a peft LoRA layer with exactly one plain adapter, else None."""
+    names = list(getattr(module, "lora_A", {}))
+    if len(names) != 1 or module.merged or list(module.active_adapters) != names:
         return None
-    term = None
-    for name in module.active_adapters:
-        if name in module.lora_A:
-            t = module.lora_B[name](module.lora_A[name](module.lora_dropout[name](x))) * module.scaling[name]
-            term = t if term is None else term + t
-    return term
+    name = names[0]
+    if not isinstance(module.lora_dropout[name], nn.Identity) or module.use_dora.get(name):
+        return None
+    if getattr(module.lora_B[name], "bias", None) is not None:
+        return None
+    return module.lora_A[name].weight, module.lora_B[name].weight
 
 
-def plus_adapters(outputs: tuple[torch.Tensor, ...], modules: tuple[nn.Module, ...], x: torch.Tensor):
-    """Each fused output plus its module's adapter term."""
-    return tuple(
-        out if (term := adapter_term(m, x)) is None else out + term for out, m in zip(outputs, modules, strict=True)
-    )
+def stack_lora(modules: tuple[nn.Module, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(stacked A, block-diagonal B with the scalings folded in) of LoRA layers reading one input."""
+    pairs = [_single_lora(m) for m in modules]
+    if any(p is None for p in pairs):
+        return None
+    with torch.no_grad():
+        a = torch.cat([a for a, _ in pairs])
+        b = torch.block_diag(*[b * m.scaling[next(iter(m.lora_A))] for (_, b), m in zip(pairs, modules, strict=True)])
+    return a, b
+
+
+def layer_lora(layer) -> StackedLoRA | None | bool:
+    """The layer's stacked LoRA terms; None without adapters; False when they cannot be stacked."""
+    attn, mlp = layer.self_attn, layer.mlp
+    groups = ((attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj), (attn.o_proj,), (mlp.down_proj,))
+    wrapped = [m for group in groups for m in group if hasattr(m, "lora_A")]
+    if not wrapped:
+        return None
+    stacked = [stack_lora(group) for group in groups]
+    if len(wrapped) != sum(map(len, groups)) or any(x is None for x in stacked):
+        return False
+    sources = [
+        (p, p._version)
+        for m in wrapped
+        for p in (m.lora_A[next(iter(m.lora_A))].weight, m.lora_B[next(iter(m.lora_B))].weight)
+    ]
+    return StackedLoRA(*stacked, sources=sources)
+
+
+def lora_term(x: torch.Tensor, ab: tuple[torch.Tensor, torch.Tensor], gate: torch.Tensor | None) -> torch.Tensor:
+    """(S, in) → the stacked adapters' terms (S, Σout), times the mask gate (S, 1) where there is one."""
+    term = torch.mm(torch.mm(x, ab[0].t()), ab[1].t())
+    return term if gate is None else term * gate
 
 
 def fuse(layer) -> Fused | None:
     """Fuse a layer's q/k/v and gate/up weights in place (their modules' weights become views);
-    None when they cannot be (other wrappers on them, mixed biases or placements)."""
+    None when they cannot be (other wrappers on them, adapters it cannot stack, mixed biases or
+    placements)."""
     attn, mlp = layer.self_attn, layer.mlp
-    wrapped = (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)
-    mods = tuple(base_linear(m) for m in wrapped)
+    mods = tuple(base_linear(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj))
     qkv_mods, gu_mods = mods[:3], mods[3:]
-    if not all(isinstance(m, nn.Linear) for m in mods):
+    lora = layer_lora(layer)
+    if lora is False or not all(isinstance(m, nn.Linear) for m in mods):
         return None
     if len({(m.weight.device, m.weight.dtype) for m in mods}) != 1 or gu_mods[0].bias is not None:
         return None
@@ -155,7 +200,7 @@ def fuse(layer) -> Fused | None:
         qkv = _fuse_into([m.weight for m in qkv_mods])
         qkv_bias = None if biases[0] is None else _fuse_into(biases)
         gate_up = _fuse_into([m.weight for m in gu_mods])
-    return Fused(qkv, qkv_bias, gate_up, adapted=any(m is not w for m, w in zip(mods, wrapped, strict=True)))
+    return Fused(qkv, qkv_bias, gate_up, lora)
 
 
 def _fuse_into(params: list[nn.Parameter]) -> torch.Tensor:
@@ -202,6 +247,8 @@ class LeanModel:
         self.cos = self.sin = torch.empty(0, self.head_dim, device=self.device, dtype=self.dtype)
         self.q_size, self.kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         self.fused = [fuse(layer) for layer in self.layers]
+        self.adapted = any(f is not None and f.lora is not None for f in self.fused)
+        self.gate = getattr(decoder.embed_tokens, "gate", None)  # mask-only adapters: set by each embedding
         self._compiled = None  # the compiled layer loop, once made (see `compile`)
         self.use_compiled = False
 
@@ -209,7 +256,9 @@ class LeanModel:
         """False once the model's weights were moved or replaced (the fused views went stale)."""
         return (
             all(
-                f is None or base_linear(layer.self_attn.q_proj).weight.data_ptr() == f.qkv.data_ptr()
+                f is None
+                or base_linear(layer.self_attn.q_proj).weight.data_ptr() == f.qkv.data_ptr()
+                and (f.lora is None or f.lora.current())
                 for layer, f in zip(self.layers, self.fused, strict=True)
             )
             and self.device == self.model.device
@@ -256,18 +305,31 @@ class LeanModel:
         slots = torch.arange(start, end, device=self.device)
         if self.compiled is None:  # eager: attend over the filled slots only
             mask = None if allowed is None else allowed.to(self.device)[None, None]  # (1, 1, S, end)
-            return self.core(hidden, cos, sin, slots, kv.data, mask, end, first, last)
+            return self.core(hidden, cos, sin, slots, kv.data, mask, end, first, last, *self.adapter_state())
         # compiled: fixed shapes, so every step reuses one graph; attend over the whole capacity
         full = torch.zeros(s, kv.capacity, dtype=torch.bool)
         full[:, :end] = True if allowed is None else allowed
         mask = full.to(self.device)[None, None]
         try:
-            return self.compiled(hidden, cos, sin, slots, kv.data, mask, kv.capacity, first, last)
+            return self.compiled(
+                hidden, cos, sin, slots, kv.data, mask, kv.capacity, first, last, *self.adapter_state()
+            )
         except Exception as e:  # a shape or op the warm-up did not meet: eager from here on, never a crash
             log.warning("the compiled forward failed (%s: %s); running eager", type(e).__name__, str(e)[:200])
             self._compiled, self.use_compiled = None, False
             mask = None if allowed is None else allowed.to(self.device)[None, None]
-            return self.core(hidden, cos, sin, slots, kv.data, mask, end, first, last)
+            return self.core(hidden, cos, sin, slots, kv.data, mask, end, first, last, *self.adapter_state())
+
+    def adapter_state(self) -> tuple[bool, torch.Tensor | None]:
+        """(whether this forward adds the LoRA terms, the mask gate (S, 1) or None): a gated
+        adapter (mask-token MTP) only when the input has a mask, which the embedding just marked;
+        none while peft's adapters are switched off."""
+        if not self.adapted or self.layers[0].self_attn.q_proj.disable_adapters:
+            return False, None
+        if self.gate is None:
+            return True, None
+        gate = self.gate.value
+        return bool(gate.any()), gate
 
     @property
     def compiled(self):
@@ -318,19 +380,23 @@ class LeanModel:
         end: int,
         first: int,
         last: int,
+        adapters: bool = False,
+        gate: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Layers first..last−1 on hidden (S, H); k/v written at `slots` of kv (layers, 2, kv_heads,
-        capacity, d); attention over slots 0..end−1 under mask (1, 1, S, end) or none."""
+        capacity, d); attention over slots 0..end−1 under mask (1, 1, S, end) or none. adapters:
+        add the stacked LoRA terms, times gate (S, 1) where the adapter is gated to mask tokens."""
         s = hidden.shape[0]
         for i in range(first, last):
             layer, fused = self.layers[i], self.fused[i]
             attn, mlp = layer.self_attn, layer.mlp
+            lora = fused.lora if fused is not None and adapters else None
             x = rms_norm(layer.input_layernorm, hidden)  # (S, H)
             if fused is not None:
                 qkv = fast_linear(x, fused.qkv, fused.qkv_bias, plan_of_linear(base_linear(attn.q_proj)))
+                if lora is not None:
+                    qkv = qkv + lora_term(x, lora.qkv, gate)
                 q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)  # (S, q), (S, kv), (S, kv)
-                if fused.adapted:
-                    q, k, v = plus_adapters((q, k, v), (attn.q_proj, attn.k_proj, attn.v_proj), x)
             else:
                 q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
             q = q.reshape(s, self.heads, self.head_dim).transpose(0, 1)  # (h, S, d)
@@ -346,16 +412,20 @@ class LeanModel:
                 scale=self.scaling,
                 enable_gqa=self.heads != self.kv_heads,
             )  # (1, h, S, d)
-            hidden = hidden + attn.o_proj(out[0].transpose(0, 1).reshape(s, self.q_size))
+            o_in = out[0].transpose(0, 1).reshape(s, self.q_size)
+            o_proj = attn.o_proj if fused is None else base_linear(attn.o_proj)
+            hidden = hidden + (o_proj(o_in) if lora is None else o_proj(o_in) + lora_term(o_in, lora.o, gate))
             x = rms_norm(layer.post_attention_layernorm, hidden)
             if fused is not None:
                 gate_up = fast_linear(x, fused.gate_up, None, plan_of_linear(base_linear(mlp.gate_proj)))
-                gate, up = gate_up.chunk(2, dim=-1)  # (S, I) each
-                if fused.adapted:
-                    gate, up = plus_adapters((gate, up), (mlp.gate_proj, mlp.up_proj), x)
+                if lora is not None:
+                    gate_up = gate_up + lora_term(x, lora.gate_up, gate)
+                g, up = gate_up.chunk(2, dim=-1)  # (S, I) each
             else:
-                gate, up = mlp.gate_proj(x), mlp.up_proj(x)
-            hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up)
+                g, up = mlp.gate_proj(x), mlp.up_proj(x)
+            d_in = mlp.act_fn(g) * up
+            down = mlp.down_proj if fused is None else base_linear(mlp.down_proj)
+            hidden = hidden + (down(d_in) if lora is None else down(d_in) + lora_term(d_in, lora.down, gate))
         return hidden
 
     def norm(self, hidden: torch.Tensor) -> torch.Tensor:

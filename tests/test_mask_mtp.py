@@ -63,14 +63,21 @@ def test_everywhere_gating_changes_real_positions(peaked):
         assert not torch.allclose(view(ids).logits, peaked(ids).logits)
 
 
-def test_lean_forward_of_a_mask_model_matches_transformers(peaked, monkeypatch):
-    view = random_adapter(peaked)
+@pytest.mark.parametrize("gating", [MASK_ONLY, EVERYWHERE])
+def test_lean_forward_of_a_mask_model_matches_transformers(peaked, monkeypatch, gating):
+    """The lean forward stacks the adapters (two products per input) and gates them itself."""
+    view = random_adapter(peaked, gating)
     seq = [3, 1, 5, 3, 1, V, V, V]
-    lean = CachedModel(view, V)
+    lean, base = CachedModel(view, V), CachedModel(peaked, V)
     monkeypatch.setenv("MTP_VIZ_ENGINE", "transformers")
     plain = CachedModel(view, V)
     assert (lean.engine, plain.engine) == ("lean", "transformers")
     torch.testing.assert_close(lean.forward(seq, 4), plain.forward(seq, 4), rtol=1e-5, atol=1e-5)
+    assert lean_model(view).adapted and lean_model(view).fused[0].lora is not None
+    # without masks a gated adapter adds nothing: the base model's logits, bit for bit
+    lean.rollback(0)
+    assert base.engine == "lean"
+    assert torch.equal(lean.forward(seq[:5], 5), base.forward(seq[:5], 5)) == (gating == MASK_ONLY)
 
 
 def test_saved_adapter_loads_back_identically(peaked, tmp_path):

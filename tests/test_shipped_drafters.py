@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import decode
 
+from mtp_viz.drafters import mask
 from mtp_viz.drafters.draft import build_draft, read_spec
 from mtp_viz.drafters.heads import HeadsSpec, build_heads
 from mtp_viz.models import load_heads_for, load_model
@@ -22,10 +23,10 @@ from mtp_viz.registry import load_registry
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.training.data import DataConfig, pre_query_ids
-from mtp_viz.training.prompts import instruction_prompts
+from mtp_viz.training.prompts import instruction_prompts, math_prompts
 
 pytestmark = pytest.mark.slow
-MODEL, DRAFT, HEADS = "smollm2-135m", "smollm2-135m-draft", "smollm2-135m-mtp"
+MODEL, DRAFT, HEADS, MASK = "smollm2-135m", "smollm2-135m-draft", "smollm2-135m-mtp", "smollm2-135m-mask"
 PROMPT = "A shop sells 15 apples every day. How many apples does it sell in 15 days?"
 TOKENS = 48
 SELF_INSTRUCT = Path(__file__).resolve().parent.parent / "docs" / "smollm2-135m-self-instruct-prompts.json"
@@ -90,3 +91,45 @@ def test_shipped_heads_load_and_beat_untrained_ones(target, prompt_ids):
     fresh = build_heads(target.model, HeadsSpec(**{**heads.spec.__dict__}), heads.head.ids)
     _, untrained = acceptance(target, prompt_ids, "mtp_heads", heads=fresh, tree="chain", num_guesses=3)
     assert trained > 1.4 and trained > untrained + 0.3, (trained, untrained)  # tokens per target forward
+
+
+# A word problem from the mask-token model's training generator that it did not train on (the
+# data step used the first 500), answered step by step.
+MASK_PROMPT = (
+    "A class of 40 students goes on a trip. Each bus holds 11 students. How many buses are needed?"
+    " Solve it step by step."
+)
+
+
+def test_the_mask_prompt_was_held_out_of_training():
+    assert MASK_PROMPT in math_prompts(510) and MASK_PROMPT not in math_prompts(500)
+    assert MASK_PROMPT not in instruction_prompts(300) and MASK_PROMPT not in {
+        t for q in spec_bench() for t in q["turns"]
+    }
+
+
+def test_shipped_mask_adapter_loads_through_the_registry_and_beats_an_untrained_one(target):
+    """The embedded model's mask-token MTP model: a view of the same weights plus a LoRA adapter
+    under 25 MB; mask_spec on it stays lossless and drafts clearly better than an untrained adapter."""
+    assert load_registry().models[MODEL].mask_model == MASK
+    loaded = load_model(MASK)
+    assert loaded.source.startswith("mask_adapter:") and loaded.tokenizer is target.tokenizer
+    path = Path(load_registry().models[MASK].sources[0].path)
+    assert (path / mask.WEIGHTS_FILE).stat().st_size <= 25 * 2**20
+    spec = mask.read_spec(path)
+    assert spec.gating == mask.MASK_ONLY and load_registry().models[MASK].mask_token_id == spec.mask_token_id
+    ids = run(
+        RunRequest(prompt=MASK_PROMPT, model=MODEL, generation=GenerationSettings(max_new_tokens=1))
+    ).prompt_token_ids
+    gen = GenerationSettings(max_new_tokens=TOKENS)
+    ar, _ = decode(target.model, "autoregressive", ids, gen)
+    mask_id = spec.mask_token_id
+
+    def tokens_per_forward(model):
+        out, steps = decode(model, "mask_spec", ids, gen, mask_token_id=mask_id, k=4)
+        assert out == ar  # lossless, whatever the adapter
+        return len(out) / len(steps)
+
+    trained = tokens_per_forward(loaded.model)
+    untrained = tokens_per_forward(mask.mask_model(target.model, spec))
+    assert trained > 1.2 and trained > untrained + 0.15, (trained, untrained)

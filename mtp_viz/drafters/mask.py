@@ -53,7 +53,8 @@ class MaskSpec:
 
 class Gate:
     """Which inputs of the current forward are masks, as a (…, S, 1) float multiplier: set by the
-    embedding, read by every adapter layer of the same forward."""
+    embedding, read by every adapter layer of the same forward (peft's, through a hook on each
+    lora_B; mtp_viz.lean's, which stacks the adapters, directly)."""
 
     def __init__(self):
         self.value: torch.Tensor | None = None
@@ -62,7 +63,7 @@ class Gate:
 class MaskEmbedding(nn.Module):
     """The base embedding, with one learned vector for the mask id; records the gate."""
 
-    def __init__(self, embed: nn.Embedding, mask_token_id: int, vector: torch.Tensor, gate: Gate):
+    def __init__(self, embed: nn.Embedding, mask_token_id: int, vector: torch.Tensor, gate: Gate | None):
         super().__init__()
         self.embed = embed
         self.mask_token_id = mask_token_id
@@ -75,7 +76,8 @@ class MaskEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         is_mask = ids == self.mask_token_id  # (…, S)
-        self.gate.value = is_mask[..., None].to(self.vector.dtype)
+        if self.gate is not None:  # mask-only adapters read it
+            self.gate.value = is_mask[..., None].to(self.vector.dtype)
         out = self.embed(ids.masked_fill(is_mask, 0))  # (…, S, H)
         return torch.where(is_mask[..., None], self.vector.to(out.dtype), out)
 
@@ -117,7 +119,7 @@ def mask_model(base: PreTrainedModel, spec: MaskSpec, vector: torch.Tensor | Non
     gate = Gate()
     embed = decoder.embed_tokens
     vector = initial_vector(embed) if vector is None else vector.to(embed.weight.device, embed.weight.dtype)
-    decoder.embed_tokens = MaskEmbedding(embed, spec.mask_token_id, vector, gate)
+    decoder.embed_tokens = MaskEmbedding(embed, spec.mask_token_id, vector, gate if spec.gating == MASK_ONLY else None)
     config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=list(spec.targets), lora_dropout=0.0)
     inject_adapter_in_model(config, view)
     if spec.gating == MASK_ONLY:
