@@ -61,8 +61,17 @@ def views(results: Path | None, profile: Path | None):
     return table, str(csv), figures.concurrency(curves, machine), caption
 
 
+def with_load_figures(examples: dict[str, Path]) -> dict[str, Path]:
+    """Results that have the per-forward figures the load curve needs first (older ones lack them)."""
+    has = {
+        name: "scored_per_forward" in path.read_text(encoding="utf-8").split("\n", 1)[0]
+        for name, path in examples.items()
+    }
+    return dict(sorted(examples.items(), key=lambda item: not has[item[0]]))
+
+
 def build_deploy() -> gr.Blocks:
-    examples = example_results()
+    examples = with_load_figures(example_results())
     shipped = profiles()
     with gr.Blocks() as tab:
         gr.Markdown(notes.DEPLOY)
