@@ -71,7 +71,9 @@ def measured_point(trace, baseline) -> dict | None:
 CONCURRENCY_ASSUMPTIONS = (
     "Predicted from this device's timed forwards of B sequences × k tokens: every user runs the "
     "same strategy with the tokens per forward measured alone, a draft forward costs c of a target "
-    "forward at every B, and drafting by lookup, heads or masks is free."
+    "forward at every B, drafting by lookup, heads or masks is free, and a forward's extra rows cost "
+    "what the base model's do (an adapter's own terms are left out, so the B = 1 point can sit "
+    "above the measured speedup)."
 )
 
 
