@@ -13,6 +13,7 @@ from mtp_viz.models import load_heads_for, load_model
 from mtp_viz.registry import load_registry
 from mtp_viz.theory import break_even, concurrency_speedup
 from mtp_viz.trace import Trace
+from mtp_viz.viz.tables import BENCH_COLUMNS
 
 MB = 2**20
 
@@ -147,15 +148,8 @@ def deploy_costs(traces: list[Trace]) -> list[DeployCost | None]:
     return costs
 
 
-# What the Deploy view puts side by side, per strategy: (column, bench summary column) then the costs.
-MEASURED = {
-    "speedup": "speedup",
-    "tokens per forward": "mean_accepted_tokens",
-    "identical to AR": "identical_share",
-    "agreement": "agreement",
-    "target NLL": "target_nll",
-    "math accuracy": "math_accuracy",
-}
+# What the Deploy view puts side by side, per strategy: the bench table's measured columns, then the costs.
+MEASURED = BENCH_COLUMNS
 COSTS = ("extra_models", "extra_params", "extra_memory_mb", "training", "target_forwards_per_token")
 COSTS += ("draft_forwards_per_token",)
 DEPLOY_CONTEXT = 1024  # tokens of context at which the Deploy view counts a draft's KV cache
