@@ -248,11 +248,6 @@ def _per_position(rows: pd.DataFrame) -> list[float]:
     return [round(k / n, 4) if n else 0.0 for k, n in zip(kept, judged, strict=True)]
 
 
-def trace_folder(label: str) -> str:
-    """The folder (under a results folder's traces/) holding a label's traces."""
-    return label.replace(":", "_").replace("=", "-").replace(",", "_")
-
-
 def save(
     out_dir: Path,
     prompts: list[BenchPrompt],
@@ -275,7 +270,7 @@ def save(
     }
     (out_dir / "summary.json").write_text(json.dumps(record, indent=1))
     for label, runs in traces.items():
-        folder = out_dir / "traces" / trace_folder(label)
+        folder = out_dir / "traces" / label.replace(":", "_").replace("=", "-").replace(",", "_")
         folder.mkdir(parents=True, exist_ok=True)
         for p, t in zip(prompts, runs, strict=True):
             t.save(folder / f"{p.id}.json")
