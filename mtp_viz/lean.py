@@ -100,11 +100,13 @@ class StaticKV:
 @dataclass
 class StackedLoRA:
     """A layer's LoRA terms (peft, one active adapter), stacked so that projections reading the
-    same input share two small products: x·Aᵀ (S, Σr), then ·Bᵀ with B block-diagonal and the
-    scaling folded in. Copies of the adapter's matrices, remade when they change (`current`)."""
+    same input share two small products: x·Aᵀ (S, Σr), gated, then ·Bᵀ added to the base output
+    in the same product (addmm), with B block-diagonal and the scaling folded in. Copies of the
+    adapter's matrices, stored transposed so both products are plain ones, remade when they
+    change (`current`)."""
 
-    qkv: tuple[torch.Tensor, torch.Tensor]  # A (3r, H), B (q + 2·kv, 3r)
-    gate_up: tuple[torch.Tensor, torch.Tensor]  # A (2r, H), B (2·I, 2r)
+    qkv: tuple[torch.Tensor, torch.Tensor]  # Aᵀ (H, 3r), Bᵀ (3r, q + 2·kv)
+    gate_up: tuple[torch.Tensor, torch.Tensor]  # Aᵀ (H, 2r), Bᵀ (2r, 2·I)
     o: tuple[torch.Tensor, torch.Tensor]
     down: tuple[torch.Tensor, torch.Tensor]
     sources: list[tuple[torch.Tensor, int]]  # each adapter matrix and its version when stacked
@@ -147,14 +149,15 @@ def _single_lora(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def stack_lora(modules: tuple[nn.Module, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(stacked A, block-diagonal B with the scalings folded in) of LoRA layers reading one input."""
+    """(stacked A, block-diagonal B with the scalings folded in), each transposed, of LoRA layers
+    reading one input."""
     pairs = [_single_lora(m) for m in modules]
     if any(p is None for p in pairs):
         return None
     with torch.no_grad():
         a = torch.cat([a for a, _ in pairs])
         b = torch.block_diag(*[b * m.scaling[next(iter(m.lora_A))] for (_, b), m in zip(pairs, modules, strict=True)])
-    return a, b
+    return a.t().contiguous(), b.t().contiguous()
 
 
 def layer_lora(layer) -> StackedLoRA | None | bool:
@@ -175,10 +178,14 @@ def layer_lora(layer) -> StackedLoRA | None | bool:
     return StackedLoRA(*stacked, sources=sources)
 
 
-def lora_term(x: torch.Tensor, ab: tuple[torch.Tensor, torch.Tensor], gate: torch.Tensor | None) -> torch.Tensor:
-    """(S, in) → the stacked adapters' terms (S, Σout), times the mask gate (S, 1) where there is one."""
-    term = torch.mm(torch.mm(x, ab[0].t()), ab[1].t())
-    return term if gate is None else term * gate
+def plus_lora(
+    out: torch.Tensor, x: torch.Tensor, ab: tuple[torch.Tensor, torch.Tensor], gate: torch.Tensor | None
+) -> torch.Tensor:
+    """out (S, Σout) + the stacked adapters' terms of x (S, in), times the mask gate (S, 1) where
+    there is one: the gate scales the small (S, Σr) product, and the second product adds itself
+    to `out` (three ops, none as wide as `out` but the last)."""
+    low = torch.mm(x, ab[0])
+    return torch.addmm(out, low if gate is None else low * gate, ab[1])
 
 
 def fuse(layer) -> Fused | None:
@@ -395,7 +402,7 @@ class LeanModel:
             if fused is not None:
                 qkv = fast_linear(x, fused.qkv, fused.qkv_bias, plan_of_linear(base_linear(attn.q_proj)))
                 if lora is not None:
-                    qkv = qkv + lora_term(x, lora.qkv, gate)
+                    qkv = plus_lora(qkv, x, lora.qkv, gate)
                 q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)  # (S, q), (S, kv), (S, kv)
             else:
                 q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
@@ -414,18 +421,22 @@ class LeanModel:
             )  # (1, h, S, d)
             o_in = out[0].transpose(0, 1).reshape(s, self.q_size)
             o_proj = attn.o_proj if fused is None else base_linear(attn.o_proj)
-            hidden = hidden + (o_proj(o_in) if lora is None else o_proj(o_in) + lora_term(o_in, lora.o, gate))
+            hidden = hidden + o_proj(o_in)
+            if lora is not None:
+                hidden = plus_lora(hidden, o_in, lora.o, gate)
             x = rms_norm(layer.post_attention_layernorm, hidden)
             if fused is not None:
                 gate_up = fast_linear(x, fused.gate_up, None, plan_of_linear(base_linear(mlp.gate_proj)))
                 if lora is not None:
-                    gate_up = gate_up + lora_term(x, lora.gate_up, gate)
+                    gate_up = plus_lora(gate_up, x, lora.gate_up, gate)
                 g, up = gate_up.chunk(2, dim=-1)  # (S, I) each
             else:
                 g, up = mlp.gate_proj(x), mlp.up_proj(x)
             d_in = mlp.act_fn(g) * up
             down = mlp.down_proj if fused is None else base_linear(mlp.down_proj)
-            hidden = hidden + (down(d_in) if lora is None else down(d_in) + lora_term(d_in, lora.down, gate))
+            hidden = hidden + down(d_in)
+            if lora is not None:
+                hidden = plus_lora(hidden, d_in, lora.down, gate)
         return hidden
 
     def norm(self, hidden: torch.Tensor) -> torch.Tensor:
