@@ -173,6 +173,37 @@ class CachedModel:
         self.forwards += 1
         return self._logits(hidden), hidden
 
+    @torch.inference_mode()
+    def forward_branches(self, seq: list[int], branches: list[tuple[int, list[int]]], logits_to_keep: int) -> torch.Tensor:
+        """Feed `seq[self.length:]` causally, then each branch (anchor, ids): ids placed right after
+        seq[anchor] (positions anchor+1, anchor+2, …), seeing seq[: anchor+1] and their own branch's
+        earlier tokens only; nothing sees a branch but itself. Returns logits (n, V): seq's last
+        `logits_to_keep` positions, then every branch token in order.
+
+        The cache then also holds the branches (after seq): `rollback` before the next forward.
+        """
+        chain = seq[self.length :]
+        assert chain, "forward needs at least one token the cache has not seen"
+        past, c = self.length, len(chain)
+        ids, positions = list(chain), list(range(past, past + c))
+        for anchor, tokens in branches:
+            assert 0 <= anchor < past + c, "a branch hangs off a token of seq"
+            ids += tokens
+            positions += range(anchor + 1, anchor + 1 + len(tokens))
+        total = len(ids)
+        allowed = torch.zeros(total, past + total, dtype=torch.bool)
+        allowed[:c, : past + c] = causal_after(past, c)
+        row = c
+        for anchor, tokens in branches:
+            n = len(tokens)
+            allowed[row : row + n, : anchor + 1] = True
+            allowed[row : row + n, past + row : past + row + n] = torch.ones(n, n, dtype=torch.bool).tril()
+            row += n
+        hidden = self.backend.run(ids, positions, past, allowed)
+        self.length = past + total
+        self.forwards += 1
+        return self._logits(torch.cat([hidden[c - logits_to_keep : c], hidden[c:]]))
+
     def keep(self, start: int, rows: list[int]) -> None:
         """Keep the cache up to `start`, then only the entries at start + r for r in rows (in order)."""
         if list(rows) != list(range(len(rows))):  # move the kept entries into place; the prefix stays put

@@ -34,7 +34,9 @@ def exact_joint(model, generation, n_tokens: int = N_TOKENS) -> dict[tuple[int, 
     return out
 
 
-def sample_joint(strategy, model, generation, draft=None, heads=None, n_tokens=N_TOKENS, verdicts=None, **settings):
+def sample_joint(
+    strategy, model, generation, draft=None, heads=None, n_tokens=N_TOKENS, verdicts=None, traces=None, **settings
+):
     samples = []
     for seed in range(SAMPLES):
         gen = GenerationSettings(
@@ -48,6 +50,8 @@ def sample_joint(strategy, model, generation, draft=None, heads=None, n_tokens=N
         samples.append(tuple(out))
         if verdicts is not None:
             verdicts.update(v for s in steps for v in s.verdicts)
+        if traces is not None:
+            traces.append(steps)
     return samples
 
 
@@ -71,8 +75,10 @@ SAMPLED = {  # label → (strategy, settings, tokens sampled: enough for the str
     "lookahead": ("lookahead", {"level": 3, "window": 3, "guess": 3, "pool_from_prompt": True}, 3),
     "self_speculative": ("self_speculative", {"exit_layer": 1, "num_draft_tokens": 2}, 3),
     "mtp_heads-tree": ("mtp_heads", {"tree": "0,1,00,10"}, 3),
-    # drafts only after its first forward; a random mask-only adapter on the target
-    "mask_spec": ("mask_spec", {"k": 3}, 3),
+    # drafts only after its first forward; a random mask-only adapter on the target. Branched, a
+    # step after a rejection verifies the guesses of a block off an earlier position: 4 tokens
+    "mask_spec": ("mask_spec", {"k": 3}, 4),
+    "mask_spec-chained": ("mask_spec", {"k": 3, "branches": False}, 3),
 }
 
 
@@ -92,14 +98,20 @@ def test_sampled_tokens_follow_the_exact_target_distribution(models, label, gene
         from test_mask_mtp import random_adapter
 
         model, settings = random_adapter(target, scale=0.3), {**settings, "mask_token_id": V}
-    verdicts = set()
+    verdicts, traces = set(), []
     samples = sample_joint(
-        strategy, model, generation, draft=draft, heads=heads, n_tokens=n, verdicts=verdicts, **settings
+        strategy, model, generation, draft=draft, heads=heads, n_tokens=n, verdicts=verdicts, traces=traces, **settings
     )
     result = goodness_of_fit(samples, exact)
     assert result.consistent, result
     if strategy != "autoregressive":  # the rule was exercised both ways
         assert {"accepted", "rejected"} <= verdicts, verdicts
+    if label == "mask_spec":  # guesses from a block off an earlier position were verified
+        assert any(
+            before.emitted[-1].origin == "resampled" and after.drafted
+            for steps in traces
+            for before, after in zip(steps, steps[1:], strict=False)
+        )
 
 
 @pytest.mark.slow

@@ -269,45 +269,59 @@ def test_a_wrong_mask_token_id_in_the_registry_is_one_clear_error(trained, tmp_p
         load_model("t2-mask")
 
 
-@pytest.mark.parametrize("k", [2, 4, 6])
-def test_mask_spec_greedy_equals_autoregressive_and_transformers(peaked, k):
+@pytest.mark.parametrize("k,branches", [(2, True), (4, True), (6, True), (4, False)])
+def test_mask_spec_greedy_equals_autoregressive_and_transformers(peaked, k, branches):
     view = random_adapter(peaked, seed=k)
     verdicts = Counter()
     for prompt in PROMPTS:
         ar, _ = decode(peaked, "autoregressive", prompt, GenerationSettings(max_new_tokens=30))
-        out, steps = decode(view, "mask_spec", prompt, GenerationSettings(max_new_tokens=30), mask_token_id=V, k=k)
+        out, steps = decode(
+            view, "mask_spec", prompt, GenerationSettings(max_new_tokens=30), mask_token_id=V, k=k, branches=branches
+        )
         assert out == ar == hf_greedy(peaked, prompt, 30)
         verdicts.update(v for s in steps for v in s.verdicts)
         for s in steps:
-            assert s.target_forwards == 1 and s.extra["masks"] == k - 1
+            blocks = len(s.drafted) + 1 if branches else 1  # one block after each position the step can end at
+            assert s.target_forwards == 1 and s.extra["masks"] == blocks * (k - 1)
             assert all(d.source == "mask_token" for d in s.drafted)
             assert len(s.verdicts) == len(s.drafted) <= k - 1
     assert verdicts["accepted"] and verdicts["rejected"]  # both paths ran
 
 
-def test_mask_spec_stops_at_eos_and_budget_inside_a_block(peaked):
+@pytest.mark.parametrize("branches", [True, False])
+def test_mask_spec_stops_at_eos_and_budget_inside_a_block(peaked, branches):
     view = random_adapter(peaked, seed=2)
     prompt = PROMPTS[0]
-    ar, _ = decode(peaked, "autoregressive", prompt, GenerationSettings(max_new_tokens=30))
+    gen = GenerationSettings(max_new_tokens=30)
+    ar, _ = decode(peaked, "autoregressive", prompt, gen)
     eos = ar[7]
-    ar_eos, _ = decode(peaked, "autoregressive", prompt, GenerationSettings(max_new_tokens=30), eos=[eos])
-    out, _ = decode(view, "mask_spec", prompt, GenerationSettings(max_new_tokens=30), eos=[eos], mask_token_id=V, k=5)
+    ar_eos, _ = decode(peaked, "autoregressive", prompt, gen, eos=[eos])
+    out, _ = decode(view, "mask_spec", prompt, gen, eos=[eos], mask_token_id=V, k=5, branches=branches)
     assert out == ar_eos and out[-1] == eos
     for budget in (1, 2, 3, 5, 9):
-        out, _ = decode(view, "mask_spec", prompt, GenerationSettings(max_new_tokens=budget), mask_token_id=V, k=5)
+        gen = GenerationSettings(max_new_tokens=budget)
+        out, _ = decode(view, "mask_spec", prompt, gen, mask_token_id=V, k=5, branches=branches)
         assert out == ar[:budget]
 
 
-def test_mask_spec_trace_records_guesses_and_cropped_masks(peaked):
+@pytest.mark.parametrize("branches", [True, False])
+def test_mask_spec_trace_records_guesses_and_cropped_masks(peaked, branches):
     view = random_adapter(peaked, seed=4)
-    out, steps = decode(view, "mask_spec", PROMPTS[1], GenerationSettings(max_new_tokens=20), mask_token_id=V, k=3)
+    gen = GenerationSettings(max_new_tokens=20)
+    out, steps = decode(view, "mask_spec", PROMPTS[1], gen, mask_token_id=V, k=3, branches=branches)
     assert steps[0].drafted == [] and steps[0].emitted[0].origin == "autoregressive"
     assert sum(len(s.emitted) for s in steps) == len(out)
+    after_rejection = 0
     for before, after in zip(steps, steps[1:], strict=False):
         assert [d.token_id for d in after.drafted] == before.extra["next_guesses"][: len(after.drafted)]
         assert before.extra["cropped_positions"]  # the masks at least
-        if before.emitted[-1].origin == "resampled":  # a rejection: the masks' guesses are dropped
-            assert after.drafted == []
+        if before.emitted[-1].origin == "resampled":  # a rejection
+            after_rejection += 1
+            if branches:  # the block after the last accepted token still drafts
+                assert after.drafted and len(before.extra["next_guesses"]) == 2
+            else:  # the masks' guesses assumed the rejected ones: dropped
+                assert after.drafted == []
+    assert after_rejection  # the case ran
 
 
 def test_mask_spec_refuses_models_without_a_mask_token_or_with_an_everywhere_adapter(peaked):

@@ -8,9 +8,14 @@ guesses unverified; here they are verified, by the next forward, which does both
 
 The real positions verify the guesses (greedy: the longest prefix the model agrees with; sampling:
 accept with min(1, p/q), q from the masks' distributions, resample at the first rejection, a
-bonus token after the last guess). The masks, placed after the guesses, draft the next step's
-guesses, which only stand if every guess was accepted (the masks assumed them); otherwise the next
-step drafts afresh. The masks' key/values are cropped from the cache after every step.
+bonus token after the last guess). The masks draft the next step's guesses. Chained (`branches`
+off), one block of masks follows the guesses: its guesses only stand if every guess was accepted
+(the masks assumed them), so a rejection leaves the next step without guesses. Branched (the
+default), a block of k−1 masks hangs off every real position the step could end at (the last real
+token and each guess, each block seeing its own prefix only): whichever guess is rejected, the block
+after the last accepted token assumed exactly what was committed up to there, and its predictions
+for the tokens after the step's own token become the next guesses, so every step has guesses, at
+the price of a wider forward. The masks' key/values are cropped from the cache after every step.
 
 Lossless when the real positions run the unchanged model: a mask-only adapter (the default for
 adapters trained here) leaves them untouched, so no second model is needed.
@@ -26,7 +31,7 @@ from mtp_viz.drafters.mask import MASK_ONLY
 from mtp_viz.errors import UserError
 from mtp_viz.sampling import probs_from_logits, sample
 from mtp_viz.strategies.base import DecodeContext, StrategySpec, chain_drafts, check_settings, setting, verify_chain
-from mtp_viz.trace import BONUS, Step
+from mtp_viz.trace import BONUS, VERDICT_ACCEPTED, Step
 
 NAME = "mask_spec"
 MAX_K = 16
@@ -36,6 +41,7 @@ MASK_SOURCE = "mask_token"
 @dataclass(frozen=True)
 class MaskSpecSettings:
     k: int = setting(4, "Predictions per forward k (1 real + k−1 masks)", low=2, high=MAX_K)
+    branches: bool = setting(True, "A mask block after every guess (a rejection still leaves guesses)")
 
     def __post_init__(self):
         check_settings(self)
@@ -79,10 +85,16 @@ def run(ctx: DecodeContext, settings: MaskSpecSettings) -> Iterator[Step]:
         keep = max(0, min(len(guesses), ctx.remaining - 1))  # never verify past the budget
         guesses, q = guesses[:keep], q[:keep]
         q_draft = None if q_draft is None else q_draft[:keep]
-        masks = [ctx.mask_token_id] * (settings.k - 1)
-        fed = len(ctx.seq) + len(guesses) + len(masks) - target.length
-        # verify + draft: one forward scores the guesses and fills the masks
-        logits = target.forward(ctx.seq + guesses + masks, logits_to_keep=1 + len(guesses) + len(masks))
+        block = [ctx.mask_token_id] * (settings.k - 1)
+        # verify + draft: one forward scores the guesses and fills the masks, one block after the
+        # guesses (chained) or one after each position the step can end at (branched)
+        anchors = range(len(ctx.seq) - 1, len(ctx.seq) + len(guesses)) if settings.branches else [-1]
+        fed = len(ctx.seq) + len(guesses) + len(anchors) * len(block) - target.length
+        if settings.branches:
+            branches = [(a, block) for a in anchors]
+            logits = target.forward_branches(ctx.seq + guesses, branches, logits_to_keep=1 + len(guesses))
+        else:
+            logits = target.forward(ctx.seq + guesses + block, logits_to_keep=1 + len(guesses) + len(block))
         verified = ctx.clock.now()
         # accept: the longest acceptable prefix of the guesses, then the model's own token
         result = verify_chain(ctx, logits[: len(guesses) + 1], guesses, q_draft)
@@ -92,9 +104,15 @@ def run(ctx: DecodeContext, settings: MaskSpecSettings) -> Iterator[Step]:
         ctx.output.extend(result.tokens)
         cropped = list(range(len(ctx.seq) - 1, target.length))
         target.rollback(len(ctx.seq) - 1)
-        # draft: the masks' guesses stand only if they followed what was committed
+        # draft: from the block that assumed what was committed (chained: only if every guess was)
+        taken = sum(v == VERDICT_ACCEPTED for v in verdicts)  # guesses accepted = the block to read
+        first = len(guesses) + 1 + (taken * len(block) if settings.branches else 0)
         all_taken = bool(result.emitted) and result.emitted[-1].origin == BONUS or not guesses
-        next_guesses, q_draft, q = draft_from_masks(ctx, logits[len(guesses) + 1 :]) if all_taken else ([], None, [])
+        next_guesses, q_draft, q = (
+            draft_from_masks(ctx, logits[first : first + len(block)])
+            if settings.branches or all_taken
+            else ([], None, [])
+        )
         end = ctx.clock.now()
         yield Step(
             index=index,
@@ -109,7 +127,7 @@ def run(ctx: DecodeContext, settings: MaskSpecSettings) -> Iterator[Step]:
             target_forwards=1,
             input_tokens=fed,
             kv_len=target.length,
-            extra={"masks": len(masks), "cropped_positions": cropped, "next_guesses": next_guesses},
+            extra={"masks": len(anchors) * len(block), "cropped_positions": cropped, "next_guesses": next_guesses},
         )
         guesses = next_guesses
         index += 1
@@ -122,5 +140,6 @@ SPEC = StrategySpec(
     needs_draft=False,
     lossless=True,
     uses_masks=True,
-    summary="Mask tokens draft k−1 guesses; the next forward verifies them while its masks draft the next ones.",
+    summary="Mask tokens draft k−1 guesses; the next forward verifies them while its masks draft the next ones "
+    "(a block of masks after each guess, so a rejection still leaves guesses).",
 )
