@@ -174,7 +174,9 @@ class CachedModel:
         return self._logits(hidden), hidden
 
     @torch.inference_mode()
-    def forward_branches(self, seq: list[int], branches: list[tuple[int, list[int]]], logits_to_keep: int) -> torch.Tensor:
+    def forward_branches(
+        self, seq: list[int], branches: list[tuple[int, list[int]]], logits_to_keep: int
+    ) -> torch.Tensor:
         """Feed `seq[self.length:]` causally, then each branch (anchor, ids): ids placed right after
         seq[anchor] (positions anchor+1, anchor+2, …), seeing seq[: anchor+1] and their own branch's
         earlier tokens only; nothing sees a branch but itself. Returns logits (n, V): seq's last
