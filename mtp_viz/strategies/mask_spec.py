@@ -9,13 +9,15 @@ guesses unverified; here they are verified, by the next forward, which does both
 The real positions verify the guesses (greedy: the longest prefix the model agrees with; sampling:
 accept with min(1, p/q), q from the masks' distributions, resample at the first rejection, a
 bonus token after the last guess). The masks draft the next step's guesses. Chained (`branches`
-off), one block of masks follows the guesses: its guesses only stand if every guess was accepted
-(the masks assumed them), so a rejection leaves the next step without guesses. Branched (the
-default), a block of k−1 masks hangs off every real position the step could end at (the last real
-token and each guess, each block seeing its own prefix only): whichever guess is rejected, the block
-after the last accepted token assumed exactly what was committed up to there, and its predictions
-for the tokens after the step's own token become the next guesses, so every step has guesses, at
-the price of a wider forward. The masks' key/values are cropped from the cache after every step.
+off, the default), one block of masks follows the guesses: its guesses only stand if every guess
+was accepted (the masks assumed them), so a rejection leaves the next step without guesses.
+Branched, a block of k−1 masks hangs off every real position the step could end at (the last real
+token and each guess, each block seeing its own prefix only): whichever guess is rejected, the
+block after the last accepted token assumed exactly what was committed up to there, and its
+predictions for the tokens after the step's own token become the next guesses, so every step has
+guesses, at the price of a wider forward: on a 2-core CPU more tokens per forward (1.29 → 1.50 on
+Spec-Bench) but slower (0.93x → 0.68x, docs/training.md); where a wide forward is nearly free (a
+GPU) branched is the one to try. The masks' key/values are cropped from the cache after every step.
 
 Lossless when the real positions run the unchanged model: a mask-only adapter (the default for
 adapters trained here) leaves them untouched, so no second model is needed.
@@ -41,7 +43,7 @@ MASK_SOURCE = "mask_token"
 @dataclass(frozen=True)
 class MaskSpecSettings:
     k: int = setting(4, "Predictions per forward k (1 real + k−1 masks)", low=2, high=MAX_K)
-    branches: bool = setting(True, "A mask block after every guess (a rejection still leaves guesses)")
+    branches: bool = setting(False, "A mask block after every guess (a rejection still leaves guesses)")
 
     def __post_init__(self):
         check_settings(self)
@@ -140,6 +142,5 @@ SPEC = StrategySpec(
     needs_draft=False,
     lossless=True,
     uses_masks=True,
-    summary="Mask tokens draft k−1 guesses; the next forward verifies them while its masks draft the next ones "
-    "(a block of masks after each guess, so a rejection still leaves guesses).",
+    summary="Mask tokens draft k−1 guesses; the next forward verifies them while its masks draft the next ones.",
 )
