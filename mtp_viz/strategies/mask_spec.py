@@ -8,16 +8,18 @@ guesses unverified; here they are verified, by the next forward, which does both
 
 The real positions verify the guesses (greedy: the longest prefix the model agrees with; sampling:
 accept with min(1, p/q), q from the masks' distributions, resample at the first rejection, a
-bonus token after the last guess). The masks draft the next step's guesses. Chained (`branches`
-off, the default), one block of masks follows the guesses: its guesses only stand if every guess
+bonus token after the last guess). The masks draft the next step's guesses. Chained
+(`branches` off), one block of masks follows the guesses: its guesses only stand if every guess
 was accepted (the masks assumed them), so a rejection leaves the next step without guesses.
-Branched, a block of k−1 masks hangs off every real position the step could end at (the last real
-token and each guess, each block seeing its own prefix only): whichever guess is rejected, the
-block after the last accepted token assumed exactly what was committed up to there, and its
-predictions for the tokens after the step's own token become the next guesses, so every step has
-guesses, at the price of a wider forward: on a 2-core CPU more tokens per forward (1.29 → 1.50 on
-Spec-Bench) but slower (0.93x → 0.68x, docs/training.md); where a wide forward is nearly free (a
-GPU) branched is the one to try. The masks' key/values are cropped from the cache after every step.
+Branched (the default), a block of k−1 masks hangs off every real position the step could end at
+(the last real token and each guess, each block seeing its own prefix only): whichever guess is
+rejected, the block after the last accepted token assumed exactly what was committed up to there,
+and its predictions for the tokens after the step's own token become the next guesses, so every
+step has guesses, at the price of a wider forward. Measured on a 2-core CPU (docs/training.md),
+the defaults are the best: k = 2 branched, a 4-token forward, 1.38 tokens per forward and
+1.07-1.09x on Spec-Bench, where k = 2 chained reads 1.00x, k = 3 chained 0.95x and k = 3
+branched (9 tokens a forward) 0.68x; where a wide forward is nearly free (a GPU) a larger k is
+the one to try. The masks' key/values are cropped from the cache after every step.
 
 Lossless when the real positions run the unchanged model: a mask-only adapter (the default for
 adapters trained here) leaves them untouched, so no second model is needed.
@@ -42,8 +44,8 @@ MASK_SOURCE = "mask_token"
 
 @dataclass(frozen=True)
 class MaskSpecSettings:
-    k: int = setting(4, "Predictions per forward k (1 real + k−1 masks)", low=2, high=MAX_K)
-    branches: bool = setting(False, "A mask block after every guess (a rejection still leaves guesses)")
+    k: int = setting(2, "Predictions per forward k (1 real + k−1 masks)", low=2, high=MAX_K)
+    branches: bool = setting(True, "A mask block after every guess (a rejection still leaves guesses)")
 
     def __post_init__(self):
         check_settings(self)
