@@ -77,7 +77,7 @@ SAMPLED = {  # label → (strategy, settings, tokens sampled: enough for the str
     "mtp_heads-tree": ("mtp_heads", {"tree": "0,1,00,10"}, 3),
     # drafts only after its first forward; a random mask-only adapter on the target. Branched, a
     # step after a rejection verifies the guesses of a block off an earlier position: 4 tokens
-    "mask_spec": ("mask_spec", {"k": 3}, 3),
+    "mask_spec-chained": ("mask_spec", {"k": 3, "branches": False}, 3),
     "mask_spec-branched": ("mask_spec", {"k": 3, "branches": True}, 4),
 }
 
