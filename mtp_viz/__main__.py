@@ -12,6 +12,7 @@ from mtp_viz.peers import PEERS
 from mtp_viz.profile import BATCH_SIZES
 from mtp_viz.runner import COMPILE_CHOICES
 from mtp_viz.serving.backend import BACKEND_OURS, BACKEND_VLLM, BACKENDS
+from mtp_viz.serving.load import CONCURRENCY
 from mtp_viz.strategies import STRATEGIES
 
 DEBUG_ENV = "MTP_VIZ_DEBUG"
@@ -86,6 +87,23 @@ def _parser() -> argparse.ArgumentParser:
         help="transformers baselines in the same run, comma-separated: " + ", ".join(PEERS),
     )
     bench.add_argument("--out", type=Path, required=True)
+    _add_backend(bench)
+    bench.add_argument(
+        "--concurrency",
+        default=",".join(map(str, CONCURRENCY)),
+        help="vllm backend: concurrent clients, comma-separated (a closed loop per level)",
+    )
+    bench.add_argument(
+        "--profile",
+        type=Path,
+        help="vllm backend: a profile with B × k timings; its predicted speedup goes beside the measured one",
+    )
+    bench.add_argument(
+        "--compare-ours",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="vllm backend: also run our engine on the same prompts (after the servers stop): engines.csv",
+    )
     prof = sub.add_parser("profile", help="measure the verify-cost curve (and draft cost ratio c) on this device")
     prof.add_argument("--model", help="registry id or local model directory (default: the device's default)")
     prof.add_argument("--draft", help="draft model, to measure c")
@@ -171,6 +189,10 @@ def _cmd_bench(args) -> None:
     categories = [c for c in (args.categories or "").split(",") if c] or None
     prompts = load_suite(args.suite, categories, args.limit)
     strategies = split_variants(args.strategies)
+    if args.backend == BACKEND_VLLM:
+        return _bench_vllm(args, prompts, strategies)
+    if args.vllm_url:
+        raise UserError("--vllm-url needs --backend vllm")
     base = RunRequest(
         model=args.model,
         draft=args.draft,
@@ -201,6 +223,42 @@ def _cmd_bench(args) -> None:
     summary = save(args.out, prompts, traces, peer_runs, scorer)
     print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"results, summary and traces written to {args.out}")
+
+
+def _bench_vllm(args, prompts, strategies) -> None:
+    from mtp_viz.profile import read_batch_profile
+    from mtp_viz.runner import RunRequest, settings_of
+    from mtp_viz.serving.load import compare_engines, sweep
+    from mtp_viz.strategies.base import GenerationSettings
+
+    try:
+        levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    except ValueError:
+        raise UserError(f"--concurrency takes integers separated by commas, got {args.concurrency!r}") from None
+    if args.peers:
+        raise UserError("--peers are transformers baselines of our engine; with --backend vllm leave them out")
+    base = RunRequest(
+        model=args.model,
+        draft=args.draft,
+        device=args.device,
+        dtype=args.dtype,
+        generation=GenerationSettings(max_new_tokens=args.max_new_tokens),
+    )
+    profile = read_batch_profile(args.profile)[:2] if args.profile else None
+
+    def settings_for(strategy: str) -> dict:
+        return settings_of(strategy, {"num_draft_tokens": args.num_draft_tokens})
+
+    table = sweep(prompts, strategies, levels, base, args.out, settings_for, args.vllm_url, _progress_line, profile)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    shown = ["strategy", "concurrency", "tokens_per_s", "speedup", "predicted_speedup", "mean_accepted_tokens"]
+    shown += ["identical_to_ar", "ttft_s", "itl_s"]
+    print(table[shown].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    if args.compare_ours:
+        engines = compare_engines(prompts, strategies, base, args.out, settings_for)
+        print(engines.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"serving.csv, summary.json and traces written to {args.out}")
 
 
 def _cmd_profile(args) -> None:

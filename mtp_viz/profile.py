@@ -4,16 +4,19 @@ layer agrees with the model's own next-token choice (why self-speculation accept
 and what forwards of B sequences × k tokens cost (B concurrent users, each verifying k tokens:
 whether speculation survives load, mtp_viz.theory.concurrency_speedup)."""
 
+import json
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from transformers import DynamicCache
 
 from mtp_viz.cache import CachedModel, engine_for
 from mtp_viz.clock import Clock
-from mtp_viz.machine import machine_info
+from mtp_viz.errors import UserError
+from mtp_viz.machine import machine_info, machine_label
 from mtp_viz.models import LoadedModel, linear_path
 
 MAX_K = 32
@@ -181,3 +184,17 @@ def exit_agreement(model, sequences: list[tuple[list[int], int]]) -> dict[int, f
             agree[layer] = agree.get(layer, 0) + int((guess == final).sum())
         total += len(final)
     return {layer: n / max(1, total) for layer, n in agree.items()}
+
+
+def read_batch_profile(path: Path | None) -> tuple[dict[int, dict[int, float]] | None, float | None, str]:
+    """(B → k → relative cost, c, machine label) of a profile; None where it has no B × k timings."""
+    if path is None:
+        return None, None, "no profile"
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        cost = data.get("batch_cost")
+        batch = {int(b): {int(k): float(v) for k, v in row.items()} for b, row in cost.items()} if cost else None
+        label = machine_label(data["machine"]) if data.get("machine") else "machine not recorded"
+        return batch, data.get("c"), label
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise UserError("not a profile: expected the JSON that `python -m mtp_viz profile` writes") from None

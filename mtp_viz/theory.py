@@ -9,6 +9,7 @@ verify_cost[k] = time of one target forward over k tokens / time of a one-token 
 from collections.abc import Mapping
 
 from mtp_viz.errors import InvalidSettingsError
+from mtp_viz.trace import timed
 
 
 def _check(alpha: float, gamma: int, c: float) -> None:
@@ -48,10 +49,10 @@ def measured_point(trace, baseline) -> dict | None:
     """What a chain-drafting run measured, on the theory's axes: per-token acceptance α (accepted
     over judged; tokens never judged excluded), mean draft length γ, draft cost ratio c (a draft
     forward over an autoregressive step of `baseline`, the matching autoregressive run), and the
-    measured speedup. None for runs that drafted nothing."""
+    measured speedup. None for runs that drafted nothing, or whose steps are not timed."""
     steps = [s for s in trace.steps if s.drafted]
-    if not steps or baseline is None or not baseline.steps:
-        return None
+    if not steps or baseline is None or not baseline.steps or not (timed(trace.steps) and timed(baseline.steps)):
+        return None  # no drafts, no baseline, or an engine that does not time its steps (c is unknown)
     accepted = sum(s.verdicts.count("accepted") for s in steps)
     judged = accepted + sum(s.verdicts.count("rejected") for s in steps)
     one_token_s = sum(s.step_s for s in baseline.steps) / len(baseline.steps)

@@ -110,6 +110,11 @@ def _total(values) -> float | None:
     return None if any(v is None for v in values) else sum(values)
 
 
+def engine_label(trace: "Trace") -> str:
+    """Which engine ran a trace, for the views' notes on what it did not report."""
+    return "vLLM" if trace.machine.get("engine") == "vllm" else "mtp-viz"
+
+
 def timed(steps: list[Step]) -> bool:
     """Whether the steps carry their own timings (our engine's do; a serving engine's do not)."""
     return all(s.step_s is not None for s in steps)

@@ -109,7 +109,8 @@ def test_concurrency_curves_and_their_figure_mark_where_speculation_stops_paying
 
 
 def test_deploy_tab_views_write_the_csv_and_name_the_machines(use_tiny_registry, tmp_path):
-    from mtp_viz.ui.deploy_tab import read_batch_profile, views
+    from mtp_viz.profile import read_batch_profile
+    from mtp_viz.ui.deploy_tab import views
 
     results = tmp_path / "summary.csv"
     _summary().to_csv(results, index=False)

@@ -87,7 +87,9 @@ def plan(request: RunRequest) -> VLLMPlan:
             raise UserError(f"speculative on vLLM needs a draft model; none is registered for {name}: pass --draft")
         draft_dir = str(export_draft(draft_name))
     spec = strategy.speculative_config(settings, draft_dir)
-    dtype = request.dtype if request.dtype not in (None, "auto") else ("bfloat16" if device.type == "cuda" else "float32")
+    dtype = (
+        request.dtype if request.dtype not in (None, "auto") else ("bfloat16" if device.type == "cuda" else "float32")
+    )
     config = ServerConfig(
         model_dir=model_dir(target),
         served_name=target.name,

@@ -10,11 +10,9 @@ from typing import Any
 import httpx
 
 REQUEST_TIMEOUT_S = 600.0
-SPEC_COUNTERS = (  # vLLM's speculative-decoding counters on /metrics (summed over label sets)
-    "vllm:spec_decode_num_drafts",
-    "vllm:spec_decode_num_draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens",
-)
+# vLLM's speculative-decoding counters on /metrics (summed over label sets)
+STEPS, DRAFTED, ACCEPTED = (f"vllm:spec_decode_num_{n}" for n in ("drafts", "draft_tokens", "accepted_tokens"))
+SPEC_COUNTERS = (STEPS, DRAFTED, ACCEPTED)
 PER_POSITION_COUNTER = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
@@ -31,6 +29,7 @@ class Completion:
     chunk_times_s: list[float] = field(default_factory=list)  # arrival of each chunk with tokens (from send)
     chunk_tokens: list[int] = field(default_factory=list)  # tokens each of those chunks carried
     metrics: dict[str, Any] | None = None  # the response's `metrics` (timing, speculative_decoding)
+    usage: dict[str, Any] | None = None  # the response's `usage` (prompt and completion token counts)
 
     @property
     def spec(self) -> dict[str, Any] | None:
@@ -74,7 +73,7 @@ def completion_body(
 def parse_stream(lines: Iterable[tuple[str, float]], sent: float, done: float) -> Completion:
     """Server-sent events of a streamed completion, each line with its arrival time → Completion.
     Times are on one clock: `sent` when the request left, `done` when the last byte came."""
-    prompt, tokens, text, finish, metrics = [], [], [], None, None
+    prompt, tokens, text, finish, metrics, usage = [], [], [], None, None, None
     times, counts = [], []
     for line, arrived in lines:
         if not line.startswith("data:"):
@@ -97,6 +96,8 @@ def parse_stream(lines: Iterable[tuple[str, float]], sent: float, done: float) -
             finish = choice.get("finish_reason") or finish
         if chunk.get("metrics") is not None:
             metrics = chunk["metrics"]
+        if chunk.get("usage") is not None:
+            usage = chunk["usage"]
     return Completion(
         prompt_token_ids=[int(t) for t in prompt],
         token_ids=[int(t) for t in tokens],
@@ -107,6 +108,7 @@ def parse_stream(lines: Iterable[tuple[str, float]], sent: float, done: float) -
         chunk_times_s=times,
         chunk_tokens=counts,
         metrics=metrics,
+        usage=usage,
     )
 
 
@@ -135,9 +137,13 @@ async def complete_async(client: httpx.AsyncClient, url: str, body: dict[str, An
 
 
 def spec_counters(url: str) -> dict[str, float]:
-    """vLLM's speculative-decoding counters now (Prometheus text from /metrics), summed over
-    their label sets; per-position accepted counts as `...per_pos:<i>`."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    """vLLM's speculative-decoding counters now, from its /metrics."""
+    return parse_counters(httpx.get(f"{url}/metrics", timeout=10).text)
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """Prometheus text → the speculative-decoding counters, summed over their label sets;
+    per-position accepted counts as `...per_pos:<i>`."""
     totals: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("#") or not line.strip():

@@ -171,7 +171,9 @@ class VLLMServer:
     def check_model(self) -> None:
         models = self.models()
         if self.served_name not in models:
-            raise ServerError(f"the server at {self.url} serves {', '.join(models) or 'nothing'}, not {self.served_name}")
+            raise ServerError(
+                f"the server at {self.url} serves {', '.join(models) or 'nothing'}, not {self.served_name}"
+            )
 
     def _version(self) -> str | None:
         try:
@@ -237,10 +239,8 @@ class VLLMServer:
             children = []
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
         for child in children:  # any that left the group

@@ -78,7 +78,9 @@ def steps_from_completion(c: Completion, served: Served) -> tuple[list[Step], di
         if served.method == NGRAM:
             seq = np.asarray(prompt + out[:pos])
             k = min(config["num_speculative_tokens"], served.settings.get("max_model_len", 1 << 30) - len(seq))
-            ids, _, _ = find_draft(seq, config["prompt_lookup_max"], config["prompt_lookup_min"], k) if k > 0 else ([], 0, -1)
+            ids, _, _ = (
+                find_draft(seq, config["prompt_lookup_max"], config["prompt_lookup_min"], k) if k > 0 else ([], 0, -1)
+            )
             if not ids:
                 steps.append(_plain(len(steps), out[pos], 1, kv + 1))
                 pos += 1
@@ -152,7 +154,9 @@ def _verified(index: int, out: list[int], pos: int, draft_ids: list[int | None],
     )
 
 
-def trace_from_completion(c: Completion, served: Served, prompt_text: str = "", output_text: str | None = None) -> Trace:
+def trace_from_completion(
+    c: Completion, served: Served, prompt_text: str = "", output_text: str | None = None
+) -> Trace:
     steps, placement = steps_from_completion(c, served)
     eos = bool(c.token_ids) and c.token_ids[-1] in served.eos_token_ids
     trace = Trace(

@@ -2,7 +2,6 @@
 to deploy (extra models, parameters, memory, training, forwards per token, from the loaded
 objects), and whether the speedup survives load (predicted from this device's B × k timings)."""
 
-import json
 import tempfile
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pandas as pd
 
 from mtp_viz.deploy import DEPLOY_CONTEXT, concurrency_curves, deploy_table
 from mtp_viz.errors import UserError
-from mtp_viz.machine import machine_label
+from mtp_viz.profile import read_batch_profile
 from mtp_viz.theory import CONCURRENCY_ASSUMPTIONS
 from mtp_viz.ui import notes, service
 from mtp_viz.ui.bench_tab import example_results, measured_on, read_summary, results_model
@@ -28,20 +27,6 @@ def profiles() -> dict[str, Path]:
     if mine.is_file():
         found[THIS_MACHINE] = mine
     return found
-
-
-def read_batch_profile(path: Path | None) -> tuple[dict[int, dict[int, float]] | None, float | None, str]:
-    """(B → k → relative cost, c, machine label) of a profile; None where it has no B × k timings."""
-    if path is None:
-        return None, None, "no profile"
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        cost = data.get("batch_cost")
-        batch = {int(b): {int(k): float(v) for k, v in row.items()} for b, row in cost.items()} if cost else None
-        label = machine_label(data["machine"]) if data.get("machine") else "machine not recorded"
-        return batch, data.get("c"), label
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        raise UserError("not a profile: expected the JSON that `python -m mtp_viz profile` writes") from None
 
 
 def views(results: Path | None, profile: Path | None):

@@ -5,7 +5,7 @@ import re
 
 import plotly.graph_objects as go
 
-from mtp_viz.trace import Trace
+from mtp_viz.trace import Trace, engine_label, timed
 from mtp_viz.viz.style import (
     DRAFT_TIME_COLOUR,
     FAMILY_COLOURS,
@@ -31,6 +31,12 @@ def _empty_note(fig: go.Figure, text: str) -> go.Figure:
     return fig
 
 
+def not_reported(trace: Trace) -> str:
+    """Why a field of a trace is empty: the engine that ran it does not report it, or it was not recorded."""
+    engine = engine_label(trace)
+    return f"not reported by {engine}" if engine != "mtp-viz" else "not recorded in this trace"
+
+
 def _step_label(step) -> str:
     return html.escape("".join(t.text for t in step.emitted))[:80]
 
@@ -41,11 +47,15 @@ def step_timeline(trace: Trace) -> go.Figure:
     x = [s.index for s in steps]
     texts = [_step_label(s) for s in steps]
     fig = go.Figure()
-    for name, values, colour in (
+    bars = (
         ("drafting", [s.draft_s * 1e3 for s in steps], DRAFT_TIME_COLOUR),
         ("verifying (target forward)", [s.verify_s * 1e3 for s in steps], VERIFY_TIME_COLOUR),
         ("other", [max(0.0, s.step_s - s.draft_s - s.verify_s) * 1e3 for s in steps], OTHER_TIME_COLOUR),
-    ):
+    )
+    if not timed(steps):  # a serving engine reports per-request times only: say so, draw no zeros
+        bars = ()
+        _empty_note(fig, f"Per-step timings: {not_reported(trace)} (only the whole request's)")
+    for name, values, colour in bars:
         fig.add_bar(
             x=x,
             y=values,
@@ -129,6 +139,8 @@ def step_probabilities(trace: Trace, index: int) -> go.Figure:
     step = trace.steps[index]
     labels = [f"{i + 1}: {html.escape(repr(d.text))}" for i, d in enumerate(step.drafted)]
     fig = go.Figure()
+    if step.drafted and all(d.q is None for d in step.drafted) and all(p is None for p in step.target_p):
+        return _empty_note(fig, f"Draft and target probabilities: {not_reported(trace)}")
     if step.drafted:
         fig.add_bar(x=labels, y=[d.q for d in step.drafted], name="q (draft)", marker_color=Q_COLOUR)
         fig.add_bar(

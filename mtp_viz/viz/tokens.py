@@ -6,6 +6,8 @@ import html
 from mtp_viz.trace import VERDICT_ACCEPTED, VERDICT_REJECTED, DraftToken, EmittedToken, Step, Trace
 from mtp_viz.viz.style import ORIGIN_COLOURS, ORIGIN_LABELS, REJECTED_COLOUR, SKIPPED_COLOUR, VERDICT_COLOURS
 
+UNKNOWN_MARK = "?"  # a drafted token whose id the engine did not report
+UNREPORTED_DRAFT = "which token: not reported by the engine (only how many were drafted)"
 NEWLINE_MARK = "↵"
 TAB_MARK = "→"
 
@@ -18,6 +20,10 @@ def visible(text: str) -> str:
     out = out.replace("\n", f'<span class="mv-ws">{NEWLINE_MARK}</span>\n')
     out = out.replace("\t", f'<span class="mv-ws">{TAB_MARK}</span>\t')
     return out
+
+
+def ms(seconds: float | None) -> str:
+    return "time not reported" if seconds is None else f"{seconds * 1e3:.1f} ms"
 
 
 def _fmt(x: float | None) -> str:
@@ -47,8 +53,13 @@ def draft_tooltip(step: Step, i: int) -> str:
     ]
     if step.draws[i] is not None:
         parts.append(f"draw u = {step.draws[i]:.3f}")
-    parts.append(f"token id {d.token_id}")
+    parts.append(f"token id {d.token_id}" if d.token_id is not None else UNREPORTED_DRAFT)
     return " · ".join(parts)
+
+
+def draft_text(d: DraftToken) -> str:
+    """A drafted token's text, or a mark where the engine reported that it drafted, not what."""
+    return UNKNOWN_MARK if d.token_id is None else d.text
 
 
 def emitted_tooltip(step: Step, e: EmittedToken, draft_index: int | None) -> str:
@@ -80,7 +91,7 @@ def step_html(step: Step, selected: bool = False) -> str:
     for i, v in enumerate(step.verdicts):
         if v != VERDICT_ACCEPTED and not (tree and v != VERDICT_REJECTED):
             colour = REJECTED_COLOUR if v == VERDICT_REJECTED else SKIPPED_COLOUR
-            parts.append(_span(step.drafted[i].text, colour, draft_tooltip(step, i), f"mv-drop {v}"))
+            parts.append(_span(draft_text(step.drafted[i]), colour, draft_tooltip(step, i), f"mv-drop {v}"))
     for e in emitted[len(accepted) :]:
         parts.append(_span(e.text, ORIGIN_COLOURS[e.origin], emitted_tooltip(step, e, None), e.origin))
     cls = "mv-step mv-selected" if selected else "mv-step"
@@ -180,7 +191,7 @@ def step_detail_html(trace: Trace, index: int) -> str:
     greedy = trace.settings.get("temperature", 0.0) == 0.0
     e = html.escape
     rows = "".join(
-        f"<tr><td>{i + 1}</td><td><code>{visible(d.text)}</code></td><td>{e(d.source)}</td><td>{_fmt(d.q)}</td>"
+        f"<tr><td>{i + 1}</td><td><code>{visible(draft_text(d))}</code></td><td>{e(d.source)}</td><td>{_fmt(d.q)}</td>"
         f"<td>{_fmt(step.target_p[i])}</td><td>{_ratio(step.target_p[i], d.q)}</td>"
         f"<td>{_fmt(step.draws[i])}</td><td>{e(step.verdicts[i])}</td><td>{e(_why(step, i, greedy))}</td></tr>"
         for i, d in enumerate(step.drafted)
@@ -199,9 +210,8 @@ def step_detail_html(trace: Trace, index: int) -> str:
         f"<code>{visible(t.text)}</code> ({e(ORIGIN_LABELS[t.origin])}, p = {_fmt(t.p)})" for t in step.emitted
     )
     timing = (
-        f"drafting {step.draft_s * 1e3:.1f} ms, verifying {step.verify_s * 1e3:.1f} ms, "
-        f"step {step.step_s * 1e3:.1f} ms; {step.input_tokens} tokens fed to the target, "
-        f"KV cache {step.kv_len} long"
+        f"drafting {ms(step.draft_s)}, verifying {ms(step.verify_s)}, step {ms(step.step_s)}; "
+        f"{step.input_tokens} tokens fed to the target, KV cache {step.kv_len} long"
     )
     style = (
         "<style>.mv-detail{border-collapse:collapse;font-size:13px}.mv-detail td,.mv-detail th"
@@ -231,11 +241,10 @@ def walkthrough_html(step: Step, phase: str) -> str:
         colour = {"draft": SKIPPED_COLOUR, "verify": SKIPPED_COLOUR}.get(phase, VERDICT_COLOURS[step.verdicts[i]])
         focus = phase in ("draft", "verify") or (phase == "accept / reject" and step.verdicts[i] != "skipped")
         focus = focus or (phase == "commit" and step.verdicts[i] == VERDICT_ACCEPTED)
-        drafts.append(_span(d.text, colour, draft_tooltip(step, i), "mv-focus" if focus else ""))
+        drafts.append(_span(draft_text(d), colour, draft_tooltip(step, i), "mv-focus" if focus else ""))
     tail = ""
     if finisher is not None and phase in ("bonus / resample", "commit"):
         tail = _span(finisher.text, ORIGIN_COLOURS[finisher.origin], emitted_tooltip(step, finisher, None), "mv-focus")
-    ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
     source = step.drafted[0].source if n else ""
     if not n:
         sentence = (

@@ -1,0 +1,54 @@
+"""A stand-in for `python -m vllm.entrypoints.openai.api_server`, for the server lifecycle tests
+(the real server takes two minutes to start; tests/test_vllm_server.py starts it once).
+
+It takes the same arguments, starts a grandchild (as vLLM starts its engine), writes the pids to
+$FAKE_VLLM_PIDS, and by $FAKE_VLLM_MODE: `ok` serves /health, /v1/models and /version; `die`
+exits with an error line; `hang` never becomes healthy."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+
+def arg(name: str) -> str:
+    return sys.argv[sys.argv.index(name) + 1]
+
+
+def main() -> None:
+    mode = os.environ.get("FAKE_VLLM_MODE", "ok")
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    if os.environ.get("FAKE_VLLM_PIDS"):
+        with open(os.environ["FAKE_VLLM_PIDS"], "w") as f:
+            json.dump([os.getpid(), engine.pid], f)
+    print("INFO starting fake vLLM", flush=True)
+    if mode == "die":
+        print("ValueError: the model directory holds no config.json", flush=True)
+        sys.exit(1)
+    if mode == "hang":
+        time.sleep(600)
+    name = arg("--served-model-name")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = {"/health": {}, "/version": {"version": "fake"}, "/v1/models": {"data": [{"id": name}]}}
+            if self.path not in body:
+                self.send_error(404)
+                return
+            data = json.dumps(body[self.path]).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    HTTPServer((arg("--host"), int(arg("--port"))), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The vLLM server's life as mtp-viz runs it: started in its own process group, always stopped
+(normal end, error, Ctrl-C, SIGTERM), a clear error for each way it can fail to start. A stand-in
+server (tests/fake_vllm.py) plays vLLM here; tests/test_vllm_server.py runs the real one."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from mtp_viz.serving import server as srv
+from mtp_viz.serving.server import ServerConfig, ServerError, VLLMServer
+
+FAKE = Path(__file__).with_name("fake_vllm.py")
+
+
+@pytest.fixture
+def fake_vllm(tmp_path, monkeypatch):
+    """MTP_VIZ_VLLM_PYTHON → a wrapper that runs the stand-in; returns the pid file it writes."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nshift 2\nexec {sys.executable} {FAKE} "$@"\n')  # drop "-m vllm..."
+    wrapper.chmod(0o755)
+    pids = tmp_path / "pids.json"
+    monkeypatch.setenv(srv.PYTHON_ENV, str(wrapper))
+    monkeypatch.setenv("FAKE_VLLM_PIDS", str(pids))
+    return pids
+
+
+def config(tmp_path, **kw) -> ServerConfig:
+    return ServerConfig(model_dir=str(tmp_path), served_name="tiny", **kw)
+
+
+def gone(pids: list[int], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def port_free(url: str) -> bool:
+    port = int(url.rsplit(":", 1)[1])
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_started_server_answers_and_is_stopped_with_its_children(fake_vllm, tmp_path):
+    with VLLMServer.start(config(tmp_path)) as server:
+        pids = json.loads(fake_vllm.read_text())
+        assert server.version == "fake" and server.alive
+        assert all(psutil.pid_exists(p) for p in pids)
+        url = server.url
+    assert gone(pids), "the server or its engine process outlived the with block"
+    assert port_free(url)
+
+
+def test_an_error_inside_the_block_still_stops_the_server(fake_vllm, tmp_path):
+    with pytest.raises(KeyboardInterrupt), VLLMServer.start(config(tmp_path)):
+        pids = json.loads(fake_vllm.read_text())
+        raise KeyboardInterrupt  # what Ctrl-C raises
+    assert gone(pids)
+
+
+def test_a_server_that_dies_at_start_is_one_clear_error(fake_vllm, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_MODE", "die")
+    with pytest.raises(ServerError, match="exited with status 1: ValueError: the model directory holds no config"):
+        VLLMServer.start(config(tmp_path))
+    assert gone(json.loads(fake_vllm.read_text()))  # its engine child too
+    assert not srv._RUNNING
+
+
+def test_a_server_that_never_gets_ready_times_out_and_is_stopped(fake_vllm, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_MODE", "hang")
+    with pytest.raises(ServerError, match="not ready after 3 s"):
+        VLLMServer.start(config(tmp_path), timeout_s=3)
+    assert gone(json.loads(fake_vllm.read_text()))
+
+
+def test_cancel_while_starting_stops_the_server(fake_vllm, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_MODE", "hang")
+    with pytest.raises(ServerError, match="stopped while the vLLM server was starting"):
+        VLLMServer.start(config(tmp_path), cancelled=fake_vllm.is_file)  # the UI's Stop, once it runs
+    assert gone(json.loads(fake_vllm.read_text()))
+
+
+def test_port_in_use_missing_install_and_bad_model_dir_are_clear_errors(fake_vllm, tmp_path, monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ServerError, match=f"port {port} is in use"):
+            VLLMServer.start(config(tmp_path, port=port))
+    with pytest.raises(ServerError, match="no model directory"):
+        VLLMServer.start(ServerConfig(model_dir=str(tmp_path / "missing"), served_name="tiny"))
+    monkeypatch.setenv(srv.PYTHON_ENV, str(tmp_path / "no-python"))
+    with pytest.raises(ServerError, match="setup.sh --vllm"):
+        VLLMServer.start(config(tmp_path))
+
+
+def test_connecting_to_a_server_of_another_model_is_refused(fake_vllm, tmp_path):
+    with VLLMServer.start(config(tmp_path)) as server:
+        with pytest.raises(ServerError, match="serves tiny, not other"):
+            VLLMServer.connect(server.url, "other")
+        assert VLLMServer.connect(server.url, "tiny").served_name == "tiny"
+    with pytest.raises(ServerError, match="no vLLM server answers"):
+        VLLMServer.connect(server.url, "tiny")
+
+
+def test_sigterm_to_the_parent_stops_the_server(fake_vllm, tmp_path):
+    """A process holding a server that is told to terminate stops the server on its way out."""
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from mtp_viz.serving.server import ServerConfig, VLLMServer
+        with VLLMServer.start(ServerConfig(model_dir={str(tmp_path)!r}, served_name="tiny")):
+            print("ready", flush=True)
+            time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=os.environ)
+    assert parent.stdout.readline().strip() == "ready"
+    pids = json.loads(fake_vllm.read_text())
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(30) == 128 + signal.SIGTERM
+    assert gone(pids)
+
+
+def test_cli_without_vllm_installed_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, use_tiny_registry):
+    from mtp_viz.__main__ import main
+
+    monkeypatch.setenv(srv.PYTHON_ENV, str(tmp_path / "no-python"))
+    code = main(["run", "--backend", "vllm", "--model", "tiny", "--strategy", "prompt_lookup", "--prompt", "hi"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: vLLM is not installed")
+
+
+def test_strategies_vllm_cannot_run_say_why(use_tiny_registry, capsys):
+    from mtp_viz.__main__ import main
+
+    code = main(["run", "--backend", "vllm", "--model", "tiny", "--strategy", "conf_adapt", "--prompt", "hi"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "cannot run on vLLM: unverified (lossy)" in err

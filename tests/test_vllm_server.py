@@ -1,0 +1,109 @@
+"""The real vLLM server on the embedded model with n-gram drafting, started by our code: two
+prompts at concurrency 2 become valid traces whose counts match the responses and vLLM's own
+/metrics counters, our prompt lookup writes the same text, and the server is gone afterwards.
+
+Needs .venv-vllm (`bash scripts/setup.sh --vllm`, which .ci/run does); skipped without it except
+in CI, where a missing install is a failure."""
+
+import os
+import socket
+
+import psutil
+import pytest
+
+from mtp_viz.runner import RunRequest, run
+from mtp_viz.serving.backend import open_server, plan, prompt_ids
+from mtp_viz.serving.client import ACCEPTED, DRAFTED, PER_POSITION_COUNTER, STEPS
+from mtp_viz.serving.load import after_prefill, measure_level
+from mtp_viz.serving.server import VLLM_VENV
+from mtp_viz.strategies.base import GenerationSettings
+from mtp_viz.trace import Trace, depth_counts
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "Repeat this list exactly, twice: apples, bananas, cherries, dates, elderberries.",
+    "Rename the variable total to sum in this code:\ntotal = 0\nfor x in items:\n    total += x\nprint(total)",
+]
+SETTINGS = {"num_draft_tokens": 3, "max_ngram_size": 3, "min_ngram_size": 2}
+REQUEST = RunRequest(
+    model="smollm2-135m",
+    strategy="prompt_lookup",
+    strategy_settings=SETTINGS,
+    generation=GenerationSettings(max_new_tokens=48),
+)
+
+
+@pytest.fixture(scope="module")
+def served():
+    if not (VLLM_VENV / "bin" / "python").is_file():
+        if os.environ.get("CI"):
+            pytest.fail(".venv-vllm is missing in CI: .ci/run must run scripts/setup.sh --vllm")
+        pytest.skip("vLLM not installed here (bash scripts/setup.sh --vllm)")
+    p = plan(REQUEST)
+    with open_server(p) as server:
+        pids = [server.process.pid] + [c.pid for c in psutil.Process(server.process.pid).children(recursive=True)]
+        yield p, server
+        url = server.url
+    port = int(url.rsplit(":", 1)[1])
+    assert not any(psutil.pid_exists(pid) for pid in pids), "a vLLM process outlived its server"
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0, "the server's port is still taken"
+
+
+@pytest.fixture(scope="module")
+def level(served):
+    p, server = served
+    ids = [prompt_ids(p, text) for text in PROMPTS]
+    point, order = measure_level(server, p, "prompt_lookup", ids, 2, PROMPTS)
+    return p, server, point, order
+
+
+def test_traces_validate_and_match_the_responses(level):
+    _, _, point, order = level
+    assert order == [0, 1] and len(point.traces) == 2
+    for trace, completion in zip(point.traces, point.completions, strict=True):
+        again = Trace.from_json(trace.to_json())  # validates
+        assert again.output_token_ids == completion.token_ids
+        assert len(completion.token_ids) == completion.usage["completion_tokens"]
+        assert trace.machine["engine"] == "vllm" and trace.machine["steps_placed_by"] == "ngram replay, checked"
+        spec = completion.spec
+        steps = [s for s in trace.steps if s.drafted]
+        assert [len(s.drafted) for s in steps] == spec["per_step_drafted"]
+        assert [s.accepted for s in steps] == spec["per_step_accepted"]
+        assert all(s.step_s is None and s.draft_s is None for s in trace.steps)  # not reported: absent, not zero
+    assert sum(t.summary["drafted_tokens"] for t in point.traces) > 0, "the prompts should make n-gram drafts"
+
+
+def test_metrics_counter_deltas_equal_the_per_request_sums(level):
+    _, _, point, _ = level
+    counters = point.counters  # /metrics growth over the level, read by measure_level
+    assert counters[DRAFTED] == sum(c.spec["num_draft_tokens"] for c in point.completions)
+    assert counters[ACCEPTED] == sum(c.spec["num_accepted_draft_tokens"] for c in point.completions)
+    assert counters[STEPS] == sum(c.spec["num_spec_steps"] for c in point.completions)
+    assert counters[DRAFTED] == sum(t.summary["drafted_tokens"] for t in point.traces)
+    judged, kept = depth_counts([s for t in point.traces for s in t.steps])
+    for position, n in enumerate(kept):  # accepted at depth d+1 = vLLM's per-position counter d
+        assert counters.get(f"{PER_POSITION_COUNTER}:{position}", 0) == n
+
+
+def test_our_prompt_lookup_writes_the_same_text(level):
+    _, _, point, order = level
+    for trace, i in zip(point.traces, order, strict=True):
+        ours = run(RunRequest(**{**REQUEST.__dict__, "prompt": PROMPTS[i]}))
+        assert ours.output_text == trace.output_text
+        # the two count tokens per forward alike once vLLM's draft-free prefill is set aside
+        assert after_prefill(ours) == pytest.approx(after_prefill(trace), abs=0.35)
+
+
+def test_cli_run_against_the_running_server_writes_a_trace(served, tmp_path, capsys):
+    from mtp_viz.__main__ import main
+
+    _, server = served
+    out = tmp_path / "t.json"
+    argv = ["run", "--backend", "vllm", "--vllm-url", server.url, "--strategy", "prompt_lookup"]
+    argv += ["--prompt", PROMPTS[0], "--max-new-tokens", "24", "--trace-out", str(out)]
+    assert main(argv) == 0
+    trace = Trace.load(out)
+    assert trace.machine["engine"] == "vllm" and trace.machine["server_args"] is None  # a server it did not start
+    assert "vLLM" in capsys.readouterr().out
