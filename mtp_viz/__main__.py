@@ -13,6 +13,7 @@ from mtp_viz.profile import BATCH_SIZES
 from mtp_viz.runner import COMPILE_CHOICES
 from mtp_viz.serving.backend import BACKEND_OURS, BACKEND_VLLM, BACKENDS
 from mtp_viz.serving.load import CONCURRENCY
+from mtp_viz.serving.peers import VLLM_PEERS
 from mtp_viz.strategies import STRATEGIES
 
 DEBUG_ENV = "MTP_VIZ_DEBUG"
@@ -84,7 +85,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--peers",
         default="",
-        help="transformers baselines in the same run, comma-separated: " + ", ".join(PEERS),
+        help="other engines on the same prompts in the same run, comma-separated: transformers' "
+        + ", ".join(PEERS)
+        + "; a vLLM server per served strategy (needs .venv-vllm): "
+        + ", ".join(VLLM_PEERS),
     )
     bench.add_argument("--out", type=Path, required=True)
     _add_backend(bench)
@@ -236,7 +240,7 @@ def _bench_vllm(args, prompts, strategies) -> None:
     except ValueError:
         raise UserError(f"--concurrency takes integers separated by commas, got {args.concurrency!r}") from None
     if args.peers:
-        raise UserError("--peers are transformers baselines of our engine; with --backend vllm leave them out")
+        raise UserError("--peers run beside our engine; with --backend vllm leave them out")
     base = RunRequest(
         model=args.model,
         draft=args.draft,

@@ -16,6 +16,7 @@ from mtp_viz.prompts import spec_bench
 from mtp_viz.quality import final_number, first_divergence, reference_answer, target_nll
 from mtp_viz.registry import load_registry
 from mtp_viz.runner import RunRequest, build_strategy_settings, parse_variant, run
+from mtp_viz.serving.peers import VLLM_PEERS, VLLMPeers
 from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.speculative import SpeculativeSettings
 from mtp_viz.trace import Trace, depth_counts
@@ -71,8 +72,9 @@ def run_bench(
     variants = {label: parse_variant(label) for label in dict.fromkeys(strategies)}
     order = [BASELINE] + [label for label in variants if label != BASELINE]
     for peer in peers:
-        if peer not in PEERS:
-            raise UserError(f"unknown peer {peer!r}; choose from {', '.join(PEERS)}")
+        if peer not in PEERS + VLLM_PEERS:
+            raise UserError(f"unknown peer {peer!r}; choose from {', '.join(PEERS + VLLM_PEERS)}")
+    served = VLLMPeers([p for p in peers if p in VLLM_PEERS], base, settings_for)  # requests checked now
     run(replace(base, prompt=prompts[0].text, strategy=BASELINE))  # warm-up, not recorded
     target = load_model(
         base.model or load_registry().default_for(resolve_device(base.device).type), base.device, base.dtype
@@ -86,20 +88,26 @@ def run_bench(
     traces: dict[str, list[Trace]] = {label: [] for label in order}
     peer_runs: dict[str, list[PeerRun]] = {peer: [] for peer in peers}
     total, done = len(prompts) * (len(order) + len(peers)), 0
-    for p in prompts:
-        for label in order:
-            name, values = variants.get(label, (BASELINE, {}))
-            request = replace(base, prompt=p.text, strategy=name, strategy_settings={**settings_for(name), **values})
-            traces[label].append(run(request))
-            done += 1
-            if progress:
-                progress(done, total)
-        prompt_ids = traces[BASELINE][-1].prompt_token_ids
-        for peer in peers:
-            peer_runs[peer].append(run_peer(peer, target, prompt_ids, base.generation.max_new_tokens, draft, k))
-            done += 1
-            if progress:
-                progress(done, total)
+    with served:  # vLLM peers' servers: started before anything is timed, always stopped
+        for p in prompts:
+            for label in order:
+                name, values = variants.get(label, (BASELINE, {}))
+                request = replace(
+                    base, prompt=p.text, strategy=name, strategy_settings={**settings_for(name), **values}
+                )
+                traces[label].append(run(request))
+                done += 1
+                if progress:
+                    progress(done, total)
+            prompt_ids = traces[BASELINE][-1].prompt_token_ids
+            for peer in peers:
+                if peer in VLLM_PEERS:
+                    peer_runs[peer].append(served.run(peer, prompt_ids))
+                else:
+                    peer_runs[peer].append(run_peer(peer, target, prompt_ids, base.generation.max_new_tokens, draft, k))
+                done += 1
+                if progress:
+                    progress(done, total)
     return traces, peer_runs
 
 

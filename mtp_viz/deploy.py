@@ -9,6 +9,7 @@ import pandas as pd
 import torch
 
 from mtp_viz.errors import UserError
+from mtp_viz.labels import is_peer
 from mtp_viz.models import load_heads_for, load_model
 from mtp_viz.registry import load_registry
 from mtp_viz.theory import break_even, concurrency_speedup
@@ -153,17 +154,37 @@ MEASURED = BENCH_COLUMNS
 COSTS = ("extra_models", "extra_params", "extra_memory_mb", "training", "target_forwards_per_token")
 COSTS += ("draft_forwards_per_token",)
 DEPLOY_CONTEXT = 1024  # tokens of context at which the Deploy view counts a draft's KV cache
+# A lossy variant is ranked by speed only if it keeps this share of autoregressive's tokens
+# (the bench's `agreement`); below it, it is listed last and marked. The user can change it.
+DEFAULT_QUALITY_FLOOR = 0.9
+QUALITY = "agreement"
+LOSSLESS, ABOVE_FLOOR, BELOW_FLOOR = "lossless", "lossy, above the floor", "lossy, BELOW the quality floor"
 
 
-def deploy_table(summary: pd.DataFrame, model: str, context: int = DEPLOY_CONTEXT) -> pd.DataFrame:
+def quality_class(label: str, row: pd.Series, floor: float) -> str:
+    """Whether a bench label is lossless, or lossy and above / below the quality floor."""
+    from mtp_viz.runner import parse_variant
+    from mtp_viz.strategies import STRATEGIES
+
+    name, values = parse_variant(label)
+    if STRATEGIES[name].is_lossless(values):
+        return LOSSLESS
+    quality = row.get(QUALITY)
+    return ABOVE_FLOOR if quality is not None and not pd.isna(quality) and quality >= floor else BELOW_FLOOR
+
+
+def deploy_table(
+    summary: pd.DataFrame, model: str, context: int = DEPLOY_CONTEXT, floor: float = DEFAULT_QUALITY_FLOOR
+) -> pd.DataFrame:
     """One row per strategy of a bench summary on `model` (transformers' peers left out: they are
     baselines, not deployments): what it measured (speed, quality) beside what it costs to deploy,
-    from the models a run of it loads here (blank where they cannot be loaded)."""
-    overall = summary[(summary["category"] == "overall") & ~summary["strategy"].astype(str).str.startswith("hf_")]
+    from the models a run of it loads here (blank where they cannot be loaded). Ranked by speed
+    among the strategies that are lossless or keep the quality floor; the rest follow, marked."""
+    overall = summary[(summary["category"] == "overall") & ~summary["strategy"].map(is_peer)]
     rows = []
     for _, row in overall.iterrows():
         label = str(row["strategy"])
-        record = {"strategy": label}
+        record = {"strategy": label, "quality": quality_class(label, row, floor)}
         for column, key in MEASURED.items():
             record[column] = row.get(key, float("nan"))
         try:
@@ -173,8 +194,22 @@ def deploy_table(summary: pd.DataFrame, model: str, context: int = DEPLOY_CONTEX
         for key in COSTS:
             record[key] = getattr(cost, key) if cost is not None else None
         rows.append(record)
-    table = pd.DataFrame(rows, columns=["strategy", *MEASURED, *COSTS])
-    return table.sort_values("speedup", ascending=False).reset_index(drop=True).round(4)
+    table = pd.DataFrame(rows, columns=["strategy", "quality", *MEASURED, *COSTS])
+    table["_below"] = table["quality"] == BELOW_FLOOR
+    table = table.sort_values(["_below", "speedup"], ascending=[True, False]).drop(columns="_below")
+    return table.reset_index(drop=True).round(4)
+
+
+def within_floor(summary: pd.DataFrame, floor: float = DEFAULT_QUALITY_FLOOR) -> pd.DataFrame:
+    """The summary's rows of strategies that are lossless or keep the quality floor (overall),
+    and of transformers' peers."""
+    overall = summary[summary["category"] == "overall"]
+    keep = {
+        str(row["strategy"])
+        for _, row in overall.iterrows()
+        if is_peer(row["strategy"]) or quality_class(str(row["strategy"]), row, floor) != BELOW_FLOOR
+    }
+    return summary[summary["strategy"].astype(str).isin(keep)]
 
 
 def concurrency_curves(

@@ -2,13 +2,17 @@
 
 import copy
 import json
+import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from mtp_viz.clock import Clock
+from mtp_viz.serving.server import PYTHON_ENV
 from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.base import DecodeContext, GenerationSettings
 
@@ -263,3 +267,30 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+FAKE_VLLM = Path(__file__).with_name("fake_vllm.py")
+
+
+@pytest.fixture
+def fake_vllm(tmp_path, monkeypatch):
+    """MTP_VIZ_VLLM_PYTHON → a wrapper that runs the stand-in; returns the pid file it writes."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nshift 2\nexec {sys.executable} {FAKE_VLLM} "$@"\n')  # drop "-m vllm..."
+    wrapper.chmod(0o755)
+    pids = tmp_path / "pids.json"
+    monkeypatch.setenv(PYTHON_ENV, str(wrapper))
+    monkeypatch.setenv("FAKE_VLLM_PIDS", str(pids))
+    return pids
+
+
+def gone(pids: list[int], timeout: float = 10.0) -> bool:
+    """Whether these processes have all exited (zombies count as gone) within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+

@@ -3,7 +3,8 @@
 
 It takes the same arguments, starts a grandchild (as vLLM starts its engine), writes the pids to
 $FAKE_VLLM_PIDS, and by $FAKE_VLLM_MODE: `ok` serves /health, /v1/models and /version; `die`
-exits with an error line; `hang` never becomes healthy."""
+exits with an error line; `hang` never becomes healthy. A completion streams the token ids in
+$FAKE_VLLM_TOKENS (default 5,6,7) one per chunk, as vLLM streams plain decoding; /metrics is empty."""
 
 import json
 import os
@@ -33,6 +34,11 @@ def main() -> None:
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
+            if self.path == "/metrics":
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+                return
             body = {"/health": {}, "/version": {"version": "fake"}, "/v1/models": {"data": [{"id": name}]}}
             if self.path not in body:
                 self.send_error(404)
@@ -43,6 +49,22 @@ def main() -> None:
             self.send_header("content-length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def do_POST(self):
+            request = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            tokens = [int(t) for t in os.environ.get("FAKE_VLLM_TOKENS", "5,6,7").split(",")]
+            tokens = tokens[: request["max_tokens"]]
+            chunks = [
+                {"choices": [{"index": 0, "text": "", "token_ids": [t], "finish_reason": None}]} for t in tokens
+            ]
+            chunks[0]["choices"][0]["prompt_token_ids"] = request["prompt"]
+            chunks.append({"choices": [], "usage": {"completion_tokens": len(tokens)}, "metrics": {}})
+            body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("content-length", str(len(body.encode())))
+            self.end_headers()
+            self.wfile.write(body.encode())
 
         def log_message(self, *args):
             pass

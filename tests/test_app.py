@@ -185,3 +185,19 @@ def test_sixteen_concurrent_api_users_get_what_they_would_get_alone(served_app, 
     assert sum(len(v) for v in results.values()) == 48
     for k, outputs in results.items():
         assert all(out == alone[k] for out in outputs), k
+
+
+def test_explore_runs_on_vllm_through_the_app_and_draws_the_trace(client, fake_vllm):
+    """The Explore tab's engine switch: the run goes to a vLLM server started for it (a stand-in
+    here, tests/fake_vllm.py) and its trace is drawn by the same views, which say what vLLM does
+    not report; the server is gone afterwards."""
+    from conftest import gone
+
+    from mtp_viz.ui.controls import setting_fields
+
+    ui_args = ["the cat", "tiny", "autoregressive", "", 3, 0.0, 0, 1.0, 0, False, False, "vllm"]
+    ui_args += [f.default for f in setting_fields().values()]
+    outputs = client.predict(*ui_args, api_name="/explore_stream")
+    tokens, summary = outputs[0], outputs[1]
+    assert "vLLM" in summary and "mv-tok" in tokens
+    assert gone(json.loads(fake_vllm.read_text()))

@@ -124,3 +124,68 @@ def test_deploy_tab_views_write_the_csv_and_name_the_machines(use_tiny_registry,
     _, _, _, caption = views(results, None)
     assert "no B × k timings" in caption
     assert read_batch_profile(None)[0] is None
+
+
+def _lossy_summary() -> pd.DataFrame:
+    summary = _summary()
+    lossy = [
+        {"category": "overall", "strategy": "conf_adapt:mode=fixed:k=4", "speedup": 2.0, "agreement": 0.1},
+        {"category": "overall", "strategy": "conf_adapt:tau=0.95", "speedup": 1.2, "agreement": 0.95},
+    ]
+    for row in lossy:
+        row.update(tokens_per_s=10 * row["speedup"], mean_accepted_tokens=1.5, scored_per_forward=4.0)
+        row.update(draft_forwards_per_forward=0.0, identical_share=0.0)
+    return pd.concat([summary, pd.DataFrame(lossy)], ignore_index=True)
+
+
+def test_lossy_variants_below_the_quality_floor_rank_last_and_leave_the_load_curve(use_tiny_registry, tmp_path):
+    from mtp_viz.deploy import BELOW_FLOOR, LOSSLESS, within_floor
+    from mtp_viz.ui.deploy_tab import views
+
+    table = deploy_table(_lossy_summary(), "tiny")
+    assert table["strategy"].iloc[-1] == "conf_adapt:mode=fixed:k=4"  # fastest, but garbage: last
+    assert table.set_index("strategy").loc["conf_adapt:mode=fixed:k=4", "quality"] == BELOW_FLOOR
+    assert table["strategy"].iloc[0] == "speculative:num_draft_tokens=2"
+    assert table.set_index("strategy").loc["prompt_lookup", "quality"] == LOSSLESS
+    assert deploy_table(_lossy_summary(), "tiny", floor=0.0)["strategy"].iloc[0] == "conf_adapt:mode=fixed:k=4"
+    kept = set(within_floor(_lossy_summary())["strategy"])
+    assert "conf_adapt:mode=fixed:k=4" not in kept and {"conf_adapt:tau=0.95", "hf_generate"} <= kept
+    results = tmp_path / "summary.csv"
+    _lossy_summary().to_csv(results, index=False)
+    (tmp_path / "summary.json").write_text(json.dumps({"model": "tiny", "machine": {"cpu": "X"}, "rows": []}))
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"batch_cost": BATCH, "c": 0.1, "machine": {"cpu": "Y"}}))
+    names = lambda fig: " ".join(t.name or "" for t in fig.data)  # noqa: E731
+    assert "conf_adapt:tau=0.95" in names(views(results, profile)[2])  # the family's best above the floor
+    assert "fixed" not in names(views(results, profile)[2])
+    assert "fixed" in names(views(results, profile, floor=0.0)[2])
+
+
+def _sweep(folder, rows) -> None:
+    folder.mkdir()
+    columns = ["strategy", "concurrency", "tokens_per_s", "speedup", "mean_accepted_tokens", "scored_per_forward"]
+    pd.DataFrame(rows, columns=columns).to_csv(folder / "serving.csv", index=False)
+    (folder / "summary.json").write_text(json.dumps({"machine": {"cpu": "Serving CPU"}, "vllm": "9.9", "prompts": []}))
+
+
+def test_serving_sweep_is_drawn_beside_the_prediction_with_its_error(tmp_path):
+    from mtp_viz.errors import UserError
+    from mtp_viz.ui.deploy_tab import serving_views
+
+    rows = [
+        ("autoregressive", 1, 20.0, 1.0, 1.0, 1.0),
+        ("autoregressive", 8, 80.0, 1.0, 1.0, 1.0),
+        ("prompt_lookup", 1, 24.0, 1.2, 1.3, 2.0),
+        ("prompt_lookup", 8, 72.0, 0.9, 1.3, 2.0),
+    ]
+    _sweep(tmp_path / "sweep", rows)
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"batch_cost": {1: {1: 1.0, 2: 1.0}, 8: {1: 1.0, 2: 1.3}}, "c": 0.1, "machine": {}}))
+    fig, table, caption = serving_views(tmp_path / "sweep", profile)
+    lookup = table[table["strategy"] == "prompt_lookup"].set_index("concurrency")
+    assert lookup.loc[1, "predicted_speedup"] == pytest.approx(1.3) and lookup.loc[8, "predicted_speedup"] == 1.0
+    assert lookup.loc[8, "prediction_error"] == pytest.approx((1.0 - 0.9) / 0.9, abs=1e-3)
+    assert [t.name for t in fig.data] == ["prompt_lookup: measured", "prompt_lookup: predicted"]
+    assert "Serving CPU, vLLM 9.9" in fig.layout.title.text and "Serving CPU" in caption
+    with pytest.raises(UserError, match="not a serving sweep"):
+        serving_views(tmp_path, profile)

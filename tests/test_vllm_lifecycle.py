@@ -9,41 +9,17 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
-from pathlib import Path
 
 import psutil
 import pytest
+from conftest import gone
 
 from mtp_viz.serving import server as srv
 from mtp_viz.serving.server import ServerConfig, ServerError, VLLMServer
 
-FAKE = Path(__file__).with_name("fake_vllm.py")
-
-
-@pytest.fixture
-def fake_vllm(tmp_path, monkeypatch):
-    """MTP_VIZ_VLLM_PYTHON → a wrapper that runs the stand-in; returns the pid file it writes."""
-    wrapper = tmp_path / "python"
-    wrapper.write_text(f'#!/bin/sh\nshift 2\nexec {sys.executable} {FAKE} "$@"\n')  # drop "-m vllm..."
-    wrapper.chmod(0o755)
-    pids = tmp_path / "pids.json"
-    monkeypatch.setenv(srv.PYTHON_ENV, str(wrapper))
-    monkeypatch.setenv("FAKE_VLLM_PIDS", str(pids))
-    return pids
-
 
 def config(tmp_path, **kw) -> ServerConfig:
     return ServerConfig(model_dir=str(tmp_path), served_name="tiny", **kw)
-
-
-def gone(pids: list[int], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def port_free(url: str) -> bool:
@@ -148,3 +124,30 @@ def test_strategies_vllm_cannot_run_say_why(use_tiny_registry, capsys):
     code = main(["run", "--backend", "vllm", "--model", "tiny", "--strategy", "conf_adapt", "--prompt", "hi"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "cannot run on vLLM: unverified (lossy)" in err
+
+
+def test_the_ui_stream_on_vllm_reports_progress_then_a_trace_and_stops_the_server(
+    fake_vllm, use_tiny_registry, monkeypatch
+):
+    from mtp_viz.ui import service
+
+    monkeypatch.setattr(service, "STREAM_INTERVAL_S", 0.01)
+    request = service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=3)
+    *progress, (_, trace) = list(service.stream_vllm(request))
+    assert progress and all(trace_so_far is None and message for message, trace_so_far in progress)
+    assert trace.output_token_ids == [5, 6, 7] and trace.machine["engine"] == "vllm"
+    assert [len(s.emitted) for s in trace.steps] == [1, 1, 1] and trace.summary["draft_time_s"] is None
+    assert gone(json.loads(fake_vllm.read_text()))
+
+
+def test_stop_in_the_ui_while_vllm_starts_stops_the_server(fake_vllm, use_tiny_registry, monkeypatch):
+    from mtp_viz.ui import service
+
+    monkeypatch.setattr(service, "STREAM_INTERVAL_S", 0.01)
+    monkeypatch.setenv("FAKE_VLLM_MODE", "hang")
+    updates = service.stream_vllm(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=3))
+    message, _ = next(updates)
+    while not fake_vllm.is_file():
+        message, _ = next(updates)
+    updates.close()  # what Gradio does on Stop
+    assert "vLLM" in message and gone(json.loads(fake_vllm.read_text()))

@@ -15,7 +15,7 @@ from mtp_viz.runner import RunRequest, run
 from mtp_viz.serving.backend import open_server, plan, prompt_ids
 from mtp_viz.serving.client import ACCEPTED, DRAFTED, PER_POSITION_COUNTER, STEPS
 from mtp_viz.serving.load import after_prefill, measure_level
-from mtp_viz.serving.server import VLLM_VENV
+from mtp_viz.serving.server import VLLM_VENV, VLLMServer
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import Trace, depth_counts
 
@@ -107,3 +107,25 @@ def test_cli_run_against_the_running_server_writes_a_trace(served, tmp_path, cap
     trace = Trace.load(out)
     assert trace.machine["engine"] == "vllm" and trace.machine["server_args"] is None  # a server it did not start
     assert "vLLM" in capsys.readouterr().out
+
+
+def test_vllm_is_a_peer_in_our_benchmark(served, monkeypatch):
+    """`bench --peers vllm_prompt_lookup`: vLLM answers the same prompts interleaved with our runs,
+    and its rows sit in the table as a peer (its greedy output identical to our autoregressive)."""
+    from mtp_viz.bench import BenchPrompt, results_table, run_bench
+    from mtp_viz.serving import peers
+
+    _, server = served
+    monkeypatch.setattr(peers, "open_server", lambda p, progress=None: VLLMServer.connect(server.url, p.target.name))
+    prompts = [BenchPrompt("1", "writing", PROMPTS[0])]
+    base = RunRequest(model="smollm2-135m", generation=GenerationSettings(max_new_tokens=24))
+    traces, peer_runs = run_bench(
+        prompts,
+        ["prompt_lookup"],
+        base,
+        lambda s: dict(SETTINGS) if s == "prompt_lookup" else {},
+        peers=["vllm_prompt_lookup"],
+    )
+    table = results_table(prompts, traces, peer_runs).set_index("strategy")
+    row = table.loc["vllm_prompt_lookup"]
+    assert row["identical"] and row["new_tokens"] == len(traces["autoregressive"][0].output_token_ids)

@@ -308,3 +308,32 @@ def compare_engines(
             "ours_over_vllm_speed": g["ours_tokens_per_s"].mean() / g["vllm_tokens_per_s"].mean(),
         }
     ).reset_index()
+
+
+def read_sweep(folder: str | Path) -> tuple[pd.DataFrame, dict]:
+    """A sweep's serving.csv and summary.json (what `bench --backend vllm` writes)."""
+    folder = Path(folder)
+    try:
+        table = pd.read_csv(folder / SERVING_CSV)
+        meta = json.loads((folder / SUMMARY_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"not a serving sweep ({SERVING_CSV} and {SUMMARY_JSON} from bench --backend vllm): {e}"
+        ) from None
+    missing = {"strategy", "concurrency", "tokens_per_s", "speedup"} - set(table.columns)
+    if missing:
+        raise UserError(f"{folder / SERVING_CSV} lacks the columns {', '.join(sorted(missing))}")
+    return table, meta
+
+
+def with_prediction(
+    table: pd.DataFrame, batch_cost: dict[int, dict[int, float]] | None, c: float | None
+) -> pd.DataFrame:
+    """The sweep's rows with our load model's prediction from a profile, and how far off it is
+    ((predicted − measured) / measured); NaN where the profile has no timings for that C."""
+    table = table.copy()
+    table["predicted_speedup"] = [
+        predicted(row, batch_cost, c) if batch_cost else math.nan for _, row in table.iterrows()
+    ]
+    table["prediction_error"] = (table["predicted_speedup"] - table["speedup"]) / table["speedup"]
+    return table

@@ -1,5 +1,6 @@
 """The Explore tab: one strategy on one prompt, streamed, then timelines and a step-by-step replay."""
 
+import html
 from pathlib import Path
 
 import gradio as gr
@@ -8,6 +9,8 @@ from mtp_viz.errors import UserError
 from mtp_viz.prompts import spec_bench
 from mtp_viz.registry import Registry
 from mtp_viz.runner import MAX_PROMPT_CHARS
+from mtp_viz.serving.backend import BACKEND_OURS, BACKEND_VLLM
+from mtp_viz.serving.methods import NOT_SERVED, SERVED
 from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.base import MAX_NEW_TOKENS_LIMIT
 from mtp_viz.trace import Trace
@@ -51,9 +54,18 @@ def default_strategy(registry: Registry, model: str) -> str:
     return "prompt_lookup"
 
 
-def first_look_note(name: str, trace: Trace) -> str:
-    import html
+def vllm_note() -> str:
+    """Which strategies a vLLM server runs, and why the others cannot (listed, not hidden)."""
+    served = ", ".join(f"`{s}`" + (f" (its `{m.method}`)" if m.method else "") for s, m in SERVED.items())
+    missing = "; ".join(f"`{s}`: {why}" for s, why in NOT_SERVED.items())
+    return (
+        f"**On vLLM** (its own environment, `bash scripts/setup.sh --vllm`; ~2 min to start on a CPU): "
+        f"{served}. It reports drafted and accepted counts per step, not probabilities or per-step times. "
+        f"**Not on vLLM:** {missing}."
+    )
 
+
+def first_look_note(name: str, trace: Trace) -> str:
     return (
         f"<div class='mv-first-look'>This is a <b>recorded example</b> ({html.escape(name)}: "
         f"{html.escape(trace.strategy)} on {html.escape(trace.model)}): the coloured tokens, the timeline and the "
@@ -110,6 +122,13 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                     label="Measure autoregressive too (same prompt and settings), for the speedup",
                     elem_id="mv-with-baseline",
                 )
+                engine = gr.Radio(
+                    [("mtp-viz (every detail)", BACKEND_OURS), ("vLLM server (started for the run)", BACKEND_VLLM)],
+                    value=BACKEND_OURS,
+                    label="Engine",
+                    elem_id="mv-engine",
+                )
+                gr.Markdown(vllm_note(), elem_id="mv-vllm-note")
             with gr.Column(scale=3):
                 prompt = gr.Textbox(
                     label=f"Prompt (up to {MAX_PROMPT_CHARS:,} characters)",
@@ -177,6 +196,7 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
             seed,
             raw,
             with_baseline,
+            engine,
             baselines,
             *values,
         ):
@@ -194,6 +214,12 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                     raw,
                     **dict(zip(names, values, strict=True)),  # every strategy's controls; its own are kept
                 )
+                if engine == BACKEND_VLLM:
+                    for message, trace in service.stream_vllm(request):
+                        if trace is None:
+                            yield (gr.skip(), f"<i>{html.escape(message)}</i>", *[gr.skip()] * 8, gr.skip())
+                    yield (*render(trace, baselines), baselines)
+                    return
                 yield (
                     gr.skip(),
                     "<i>preparing: loading the models, and on a model's first run with compilation on, "
@@ -260,6 +286,7 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                 seed,
                 raw,
                 with_baseline,
+                engine,
                 baselines,
                 *settings.values(),
             ],

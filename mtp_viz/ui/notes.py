@@ -62,3 +62,13 @@ draft's KV cache), training required, and forwards per token. The costs come fro
 benchmark's traces name, loaded here. Speculation buys time when a forward is limited by reading
 the weights; with many users in one batch the device becomes busy computing and extra verified
 tokens stop being free. The curve predicts where each strategy stops paying on this device."""
+
+SERVING = """**Measured, not predicted: the same strategies on vLLM.** A real serving engine (vLLM, started by
+`python -m mtp_viz bench --backend vllm` in its own environment) runs autoregressive decoding, n-gram
+drafting (our prompt lookup) and our shipped draft model on the same prompts, with 1 to 32 clients at
+once. Solid lines: its measured speedup over its own autoregressive decoding at the same number of
+clients. Dashed: what our load model above predicts for it. Where they part, the prediction misses
+what a real engine does: continuous batching, its scheduler, its own costs per step. Strategies vLLM
+has no counterpart for are not on it: lookahead (no Jacobi decoding), self-speculation (no early
+exit), MTP heads (vLLM's Medusa heads are independent per position; ours are sequential), ConfAdapt
+(unverified, lossy) and mask-token speculation (no mask-token drafting)."""

@@ -6,10 +6,11 @@ import os
 import tempfile
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 from mtp_viz.errors import InvalidSettingsError, InvalidTraceError, UnknownModelError
 from mtp_viz.models import HUB_ID
@@ -22,6 +23,8 @@ from mtp_viz.trace import Step, Trace
 MAX_TRACE_BYTES = 8 * 1024 * 1024  # uploads above this are refused
 ANY_MODEL_ENV = "MTP_VIZ_ALLOW_ANY_MODEL"  # 1: the app may load hub ids beyond the registry
 STREAM_INTERVAL_S = 0.25  # the UI redraws this often while a run streams
+T = TypeVar("T")  # what a background job returns
+P = TypeVar("P")  # what it reports while it runs
 
 # One decoding job per model at a time: runs on different models proceed in parallel.
 _model_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
@@ -33,41 +36,78 @@ def _lock_for(name: str) -> threading.Lock:
         return _model_locks[name]
 
 
-def _decode(run: Run, steps: list[Step], errors: list[BaseException]) -> None:
-    """Worker thread: hold the models' locks and decode, never waiting for the UI."""
-    names = sorted({run.target.name} | ({run.draft.name} if run.draft else set()))
-    try:
-        with ExitStack() as stack:
-            for name in names:  # sorted: two runs never wait on each other's locks in a cycle
-                stack.enter_context(_lock_for(name))
-            for step in run.steps():
-                steps.append(step)
-    except BaseException as e:  # handed to the caller's thread
-        errors.append(e)
-
-
-def stream(request: RunRequest) -> Iterator[tuple[list[Step], Trace | None]]:
-    """(steps so far, None) every STREAM_INTERVAL_S while decoding runs, then (all steps, trace).
-
-    Decoding runs in its own thread, so rendering and sending an update never pauses it; closing
-    this generator (Gradio does when Stop is pressed) cancels the run within one step."""
-    run = Run(request)  # validation errors surface here, before any thread starts
-    steps: list[Step] = []
+def in_background(work: Callable[[Callable[[], bool]], T], poll: Callable[[], P]) -> Iterator[P | T]:
+    """Run `work(stopped)` in its own thread, so the UI never pauses it: yield `poll()` every
+    STREAM_INTERVAL_S while it runs, then its result. Closing the generator (Gradio does when
+    Stop is pressed) makes `stopped()` true and waits for the work to wind down; its error, if
+    any, is raised here."""
+    stop = threading.Event()
+    result: list = []
     errors: list[BaseException] = []
-    worker = threading.Thread(target=_decode, args=(run, steps, errors), daemon=True)
+
+    def target() -> None:
+        try:
+            result.append(work(stop.is_set))
+        except BaseException as e:  # handed to the caller's thread
+            errors.append(e)
+
+    worker = threading.Thread(target=target, daemon=True)
     worker.start()
     try:
         while worker.is_alive():
             worker.join(STREAM_INTERVAL_S)
-            if worker.is_alive() and steps:
-                yield list(steps), None
+            if worker.is_alive():
+                yield poll()
     finally:
-        if worker.is_alive():
-            run.cancel()
-            worker.join()
+        stop.set()
+        worker.join()
     if errors:
         raise errors[0]
-    yield run.trace.steps, run.trace
+    yield result[0]
+
+
+def _holding(names: set[str]) -> ExitStack:
+    """The locks of these models, taken in sorted order (two jobs never wait on each other in a cycle)."""
+    stack = ExitStack()
+    for name in sorted(names):
+        stack.enter_context(_lock_for(name))
+    return stack
+
+
+def stream(request: RunRequest) -> Iterator[tuple[list[Step], Trace | None]]:
+    """(steps so far, None) while decoding runs (when there are any), then (all steps, trace).
+    Closing this generator cancels the run within one step."""
+    run = Run(request)  # validation errors surface here, before any thread starts
+    steps: list[Step] = []
+
+    def decode(stopped: Callable[[], bool]) -> Trace:
+        with _holding({run.target.name} | ({run.draft.name} if run.draft else set())):
+            for step in run.steps():
+                steps.append(step)
+                if stopped():
+                    run.cancel()
+        return run.trace
+
+    for update in in_background(decode, lambda: list(steps)):
+        if isinstance(update, Trace):
+            yield update.steps, update
+        elif update:
+            yield update, None
+
+
+def stream_vllm(request: RunRequest) -> Iterator[tuple[str, Trace | None]]:
+    """(what the vLLM server is doing, None) while it starts and answers, then ("", trace). The
+    server is started for this run and stopped after it; closing the generator (Stop) stops it
+    at once while it starts, else after the request in flight."""
+    from mtp_viz.serving.backend import run_vllm
+
+    status = {"message": "starting a vLLM server"}
+
+    def serve(stopped: Callable[[], bool]) -> Trace:
+        return run_vllm(request, progress=lambda m: status.update(message=m), cancelled=stopped)
+
+    for update in in_background(serve, lambda: status["message"]):
+        yield ("", update) if isinstance(update, Trace) else (update, None)
 
 
 def run_to_end(request: RunRequest) -> Trace:
@@ -192,6 +232,7 @@ def build_request(
     )
 
 
+OURS = "mtp-viz"  # the engine of a trace without one named (ours)
 _KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")  # generation settings a baseline shares
 
 
@@ -207,14 +248,14 @@ def request_baseline_key(request: RunRequest) -> str:
     g = request.generation
     settings = [g.max_new_tokens, g.temperature, g.top_k, g.top_p, g.seed]
     return json.dumps(
-        [run.target.name, str(run.target.device), run.prompt_ids, dict(zip(_KEYS, settings, strict=True))]
+        [run.target.name, str(run.target.device), run.prompt_ids, dict(zip(_KEYS, settings, strict=True)), OURS]
     )
 
 
 def baseline_key(trace: Trace) -> str:
-    """Runs with the same model, prompt and generation settings share an autoregressive baseline."""
+    """Runs with the same model, prompt, generation settings and engine share an autoregressive baseline."""
     g = {k: trace.settings.get(k) for k in _KEYS}
-    return json.dumps([trace.model, trace.device, trace.prompt_token_ids, g])
+    return json.dumps([trace.model, trace.device, trace.prompt_token_ids, g, trace.machine.get("engine", OURS)])
 
 
 PROFILE_REPEATS = 3  # rounds of the in-app measurement (the CLI's profile takes --repeats)
@@ -242,37 +283,29 @@ def measure_machine(model: str | None = None) -> Iterator[tuple[int, int, Path |
     entry = registry.models.get(name)
     target = load_model(name)
     draft = load_model(entry.drafts[0]) if entry and entry.drafts else None
-    state = {"done": 0, "stop": False, "result": None}
-    errors: list[BaseException] = []
+    state = {"done": 0}
 
-    def progress(done: int, total: int) -> bool:
-        state["done"] = done
-        return state["stop"]
+    def measure(stopped: Callable[[], bool]):
+        def progress(done: int, total: int) -> bool:
+            state["done"] = done
+            return stopped()
 
-    def work() -> None:
-        try:
-            with ExitStack() as stack:
-                for held in sorted({target.name} | ({draft.name} if draft else set())):
-                    stack.enter_context(_lock_for(held))
-                state["result"] = profile(target, draft, PROFILE_MAX_K, PROFILE_REPEATS, progress=progress)
-        except Cancelled:
-            pass
-        except BaseException as e:
-            errors.append(e)
+        with _holding({target.name} | ({draft.name} if draft else set())):
+            try:
+                return profile(target, draft, PROFILE_MAX_K, PROFILE_REPEATS, progress=progress)
+            except Cancelled:
+                return None
 
-    worker = threading.Thread(target=work, daemon=True)
-    worker.start()
-    try:
-        yield 0, PROFILE_REPEATS, None
-        while worker.is_alive():
-            worker.join(STREAM_INTERVAL_S)
-            yield state["done"], PROFILE_REPEATS, None
-    finally:
-        state["stop"] = True
-        worker.join()
-    if errors:
-        raise errors[0]
+    yield 0, PROFILE_REPEATS, None
+    result = None
+    for update in in_background(measure, lambda: (state["done"], PROFILE_REPEATS, None)):
+        if isinstance(update, tuple):
+            yield update
+        else:
+            result = update
+    if result is None:  # stopped
+        return
     path = machine_profile_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(state["result"].as_dict(), indent=1))
+    path.write_text(json.dumps(result.as_dict(), indent=1))
     yield PROFILE_REPEATS, PROFILE_REPEATS, path

@@ -5,6 +5,7 @@ import re
 
 import plotly.graph_objects as go
 
+from mtp_viz.labels import is_peer
 from mtp_viz.trace import Trace, engine_label, timed
 from mtp_viz.viz.style import (
     DRAFT_TIME_COLOUR,
@@ -47,13 +48,14 @@ def step_timeline(trace: Trace) -> go.Figure:
     x = [s.index for s in steps]
     texts = [_step_label(s) for s in steps]
     fig = go.Figure()
-    bars = (
-        ("drafting", [s.draft_s * 1e3 for s in steps], DRAFT_TIME_COLOUR),
-        ("verifying (target forward)", [s.verify_s * 1e3 for s in steps], VERIFY_TIME_COLOUR),
-        ("other", [max(0.0, s.step_s - s.draft_s - s.verify_s) * 1e3 for s in steps], OTHER_TIME_COLOUR),
-    )
-    if not timed(steps):  # a serving engine reports per-request times only: say so, draw no zeros
-        bars = ()
+    bars = ()
+    if timed(steps):
+        bars = (
+            ("drafting", [s.draft_s * 1e3 for s in steps], DRAFT_TIME_COLOUR),
+            ("verifying (target forward)", [s.verify_s * 1e3 for s in steps], VERIFY_TIME_COLOUR),
+            ("other", [max(0.0, s.step_s - s.draft_s - s.verify_s) * 1e3 for s in steps], OTHER_TIME_COLOUR),
+        )
+    else:  # a serving engine reports per-request times only: say so, draw no zeros
         _empty_note(fig, f"Per-step timings: {not_reported(trace)} (only the whole request's)")
     for name, values, colour in bars:
         fig.add_bar(
@@ -232,7 +234,6 @@ def theory_curves(
 
 
 MAX_SERIES = 8  # no figure draws more series than this: a projector can't show more
-PEER_PREFIX = "hf_"  # transformers' peers in bench tables
 
 
 def family(label: str) -> str:
@@ -242,7 +243,7 @@ def family(label: str) -> str:
 
 def family_style(label: str) -> tuple[str, str]:
     """(colour, marker) of a bench label: its family's, or the peers' grey cross."""
-    if str(label).startswith(PEER_PREFIX):
+    if is_peer(label):
         return PEER_COLOUR, PEER_MARKER
     f = family(label)
     return FAMILY_COLOURS.get(f, "#374151"), FAMILY_MARKERS.get(f, "circle")
@@ -254,7 +255,7 @@ def best_variants(summary, limit: int = MAX_SERIES) -> list[str]:
     overall = summary[summary["category"] == "overall"].sort_values("speedup", ascending=False)
     chosen, families, peer = [], set(), None
     for label in overall["strategy"]:
-        if str(label).startswith(PEER_PREFIX):
+        if is_peer(label):
             peer = peer or label
         elif label != "autoregressive" and family(label) not in families:
             families.add(family(label))
@@ -355,6 +356,44 @@ def concurrency(curves: dict[str, tuple[dict[int, float], int | None]], machine:
     )
 
 
+def serving_curves(table, machine: str) -> go.Figure:
+    """Measured speedup over the serving engine's own autoregressive decoding against concurrent
+    clients (solid), beside what our load model predicts for it (dashed), per strategy."""
+    fig = go.Figure()
+    for label in [s for s in dict.fromkeys(table["strategy"]) if s != "autoregressive"][:MAX_SERIES]:
+        rows = table[table["strategy"] == label].sort_values("concurrency")
+        colour, marker = family_style(label)
+        name = html.escape(label)
+        fig.add_scatter(
+            x=rows["concurrency"],
+            y=rows["speedup"],
+            mode="lines+markers",
+            name=f"{name}: measured",
+            line=dict(color=colour),
+            marker=dict(symbol=marker, size=8, color=colour),
+            hovertemplate=f"{name} measured<br>%{{x}} clients: %{{y:.2f}}x<extra></extra>",
+        )
+        if "predicted_speedup" in rows and rows["predicted_speedup"].notna().any():
+            fig.add_scatter(
+                x=rows["concurrency"],
+                y=rows["predicted_speedup"],
+                mode="lines",
+                name=f"{name}: predicted",
+                line=dict(color=colour, dash="dash"),
+                hovertemplate=f"{name} predicted<br>%{{x}} clients: %{{y:.2f}}x<extra></extra>",
+            )
+    fig.add_hline(y=1.0, line_color="#111827", line_dash="dot", annotation_text="autoregressive")
+    sizes = sorted(set(table["concurrency"])) or [1]
+    if table.empty:
+        _empty_note(fig, "no serving sweep: python -m mtp_viz bench --backend vllm measures one")
+    return _bench_layout(
+        fig,
+        f"Measured under load on a serving engine<br><sup>{html.escape(machine)}</sup>",
+        xaxis=dict(title="concurrent clients", type="log", tickvals=sizes, ticktext=sizes),
+        yaxis=dict(title="speedup over the engine's autoregressive (x)", rangemode="tozero"),
+    )
+
+
 # The paper's published points (Kirchenbauer et al., arXiv 2602.06019, ConfAdapt at τ = 0.9):
 # (label, speedup, 1 − GSM8K accuracy loss). Other models and hardware: reference marks only.
 PAPER_POINTS = (
@@ -391,7 +430,7 @@ def pareto(summary, quality: str = "math_answer_match") -> go.Figure:
             hovertemplate="%{text}<br>speedup %{x:.2f}x<br>" + quality + " %{y:.3f}<extra></extra>",
         )
     lossless = overall[~overall["strategy"].map(family).isin(("conf_adapt",))]
-    lossless = lossless[~lossless["strategy"].astype(str).str.startswith(PEER_PREFIX)]
+    lossless = lossless[~lossless["strategy"].map(is_peer)]
     fig.add_scatter(
         x=lossless["speedup"],
         y=[1.0] * len(lossless),

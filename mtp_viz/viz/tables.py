@@ -2,6 +2,7 @@
 
 import pandas as pd
 
+from mtp_viz.labels import peer_kind
 from mtp_viz.trace import Trace
 
 # column → (summary key or callable on the trace, format)
@@ -66,6 +67,9 @@ def summary_html(trace: Trace, baseline_tokens_per_s: float | None = None) -> st
                 f"speedup against the autoregressive run of the same prompt and settings in this session "
                 f"({baseline_tokens_per_s:.1f} tokens/s)"
             )
+        elif trace.machine.get("engine") == "vllm":
+            cells.append(("speedup vs autoregressive", "not measured"))
+            against = "one request on vLLM; its speedups over its own autoregressive decoding are in the Deploy? tab"
         else:
             cells.append(("speedup vs autoregressive", "not measured"))
             against = "no autoregressive run of this prompt yet: tick “Measure autoregressive too” for the speedup"
@@ -104,7 +108,7 @@ def bench_table(summary: pd.DataFrame) -> pd.DataFrame:
         index="strategy", columns="category", values="speedup"
     )
     table = pd.DataFrame(index=overall.index)
-    table["kind"] = ["peer (transformers)" if str(s).startswith("hf_") else "ours" for s in overall.index]
+    table["kind"] = [peer_kind(s) for s in overall.index]
     for column, key in BENCH_COLUMNS.items():
         table[column] = overall[key] if key in overall else float("nan")  # older summaries lack some
     for category in dict.fromkeys(summary.loc[summary["category"] != "overall", "category"]):

@@ -1,0 +1,106 @@
+"""vLLM responses recorded from a real server (tests/data/vllm, made by record.py there) become
+traces: token ids, per-step drafted/accepted counts, origins, what vLLM does not report left null;
+/metrics text parsed into the counters the load bench cross-checks; views say what is missing."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from mtp_viz.serving.client import ACCEPTED, DRAFTED, PER_POSITION_COUNTER, STEPS, parse_counters, parse_stream
+from mtp_viz.serving.traces import Served, StepMismatch, trace_from_completion
+from mtp_viz.trace import BONUS, RESAMPLED, VERDICT_ACCEPTED, VERDICT_REJECTED, Trace, depth_counts
+
+DATA = Path(__file__).parent / "data" / "vllm"
+EOS = frozenset({2})  # SmolLM2-Instruct's <|im_end|>
+
+
+def recorded(strategy: str):
+    lines = (DATA / f"{strategy}-greedy.sse").read_text().splitlines()
+    request = json.loads((DATA / f"{strategy}-request.json").read_text())
+    args = request["server_args"]
+    spec = json.loads(args[args.index("--speculative-config") + 1]) if "--speculative-config" in args else None
+    completion = parse_stream([(line, 1.0 + 0.01 * i) for i, line in enumerate(lines)], 1.0, 2.0)
+    served = Served(strategy, "smollm2-135m", None, (spec or {}).get("method"), spec, {}, EOS, {"engine": "vllm"})
+    return completion, served, request
+
+
+@pytest.mark.parametrize("strategy", ["autoregressive", "prompt_lookup", "speculative"])
+def test_recorded_response_becomes_a_valid_trace(strategy):
+    c, served, request = recorded(strategy)
+    trace = trace_from_completion(c, served)
+    again = Trace.from_json(trace.to_json())  # validates, survives JSON
+    assert again.output_token_ids == c.token_ids and len(c.token_ids) == c.usage["completion_tokens"]
+    assert c.prompt_token_ids == request["body"]["prompt"]
+    assert sum(c.chunk_tokens) == len(c.token_ids)
+    assert trace.steps[0].drafted == [] and trace.steps[0].input_tokens == len(c.prompt_token_ids)  # the prefill
+    assert all(s.step_s is None and s.verify_s is None and s.draft_s is None for s in again.steps)
+    assert again.summary["draft_time_s"] is None
+    if c.spec is None:  # autoregressive: one token a forward
+        assert strategy == "autoregressive" and trace.summary["target_forwards"] == len(c.token_ids)
+        return
+    spec_steps = [s for s in trace.steps if s.drafted]
+    assert [len(s.drafted) for s in spec_steps] == c.spec["per_step_drafted"]
+    assert [s.accepted for s in spec_steps] == c.spec["per_step_accepted"]
+    assert trace.summary["drafted_tokens"] == c.spec["num_draft_tokens"]
+    assert trace.summary["accepted_tokens"] == c.spec["num_accepted_draft_tokens"]
+    for s in spec_steps:  # after the accepted drafts: the target's own token, bonus or resampled
+        finisher = s.emitted[-1] if len(s.emitted) > s.accepted else None
+        if finisher is not None:
+            assert finisher.origin == (BONUS if s.accepted == len(s.drafted) else RESAMPLED)
+        assert s.verdicts.count(VERDICT_REJECTED) == (s.accepted < len(s.drafted))
+
+
+def test_ngram_steps_carry_the_replayed_draft_ids():
+    c, served, _ = recorded("prompt_lookup")
+    trace = trace_from_completion(c, served)
+    assert all(d.token_id is not None for s in trace.steps for d in s.drafted)
+    assert any(s.verdicts and VERDICT_ACCEPTED in s.verdicts for s in trace.steps)
+
+
+def test_draft_model_rejected_ids_are_absent_not_invented():
+    c, served, _ = recorded("speculative")
+    trace = trace_from_completion(c, served)
+    rejected = [d for s in trace.steps for d, v in zip(s.drafted, s.verdicts, strict=True) if v != VERDICT_ACCEPTED]
+    accepted = [d for s in trace.steps for d, v in zip(s.drafted, s.verdicts, strict=True) if v == VERDICT_ACCEPTED]
+    assert rejected and all(d.token_id is None for d in rejected)
+    assert all(d.token_id is not None for d in accepted)
+
+
+def test_counts_that_do_not_fit_the_output_are_refused():
+    c, served, _ = recorded("prompt_lookup")
+    spec = dict(c.spec)
+    spec["per_step_drafted"] = [spec["per_step_drafted"][0] + 1, *spec["per_step_drafted"][1:]]
+    with pytest.raises(StepMismatch, match="vLLM reported"):
+        trace_from_completion(replace(c, metrics={**c.metrics, "speculative_decoding": spec}), served)
+    other = {**served.speculative_config, "prompt_lookup_min": 1}  # a server whose matching rule differs
+    with pytest.raises(StepMismatch):
+        trace_from_completion(c, replace(served, speculative_config=other))
+
+
+def test_metrics_text_parses_into_counters_that_grow_by_the_request():
+    c, _, _ = recorded("prompt_lookup")
+    before = parse_counters((DATA / "prompt_lookup-metrics-before.txt").read_text())
+    after = parse_counters((DATA / "prompt_lookup-metrics-after.txt").read_text())
+    grew = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert grew[DRAFTED] == c.spec["num_draft_tokens"] and grew[ACCEPTED] == c.spec["num_accepted_draft_tokens"]
+    assert grew[STEPS] == c.spec["num_spec_steps"]
+    trace = trace_from_completion(c, recorded("prompt_lookup")[1])
+    _, kept = depth_counts(trace.steps)
+    assert [grew.get(f"{PER_POSITION_COUNTER}:{i}", 0) for i in range(len(kept))] == kept
+
+
+def test_views_say_what_vllm_does_not_report():
+    from mtp_viz.viz.figures import step_probabilities, step_timeline
+    from mtp_viz.viz.tokens import UNKNOWN_MARK, step_detail_html, tokens_html
+
+    c, served, _ = recorded("speculative")
+    trace = trace_from_completion(c, served)
+    timeline = step_timeline(trace)
+    assert not [t for t in timeline.data if t.type == "bar"]  # no zero-height timing bars
+    assert "not reported by vLLM" in timeline.layout.annotations[0].text
+    index = next(s.index for s in trace.steps if s.drafted)
+    assert "not reported by vLLM" in step_probabilities(trace, index).layout.annotations[0].text
+    assert "time not reported" in step_detail_html(trace, index)
+    assert f">{UNKNOWN_MARK}<" in tokens_html(trace.steps)  # a rejected draft vLLM did not name
