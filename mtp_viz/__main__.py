@@ -193,10 +193,6 @@ def _cmd_bench(args) -> None:
     categories = [c for c in (args.categories or "").split(",") if c] or None
     prompts = load_suite(args.suite, categories, args.limit)
     strategies = split_variants(args.strategies)
-    if args.backend == BACKEND_VLLM:
-        return _bench_vllm(args, prompts, strategies)
-    if args.vllm_url:
-        raise UserError("--vllm-url needs --backend vllm")
     base = RunRequest(
         model=args.model,
         draft=args.draft,
@@ -210,6 +206,10 @@ def _cmd_bench(args) -> None:
     def settings_for(strategy: str) -> dict:
         return settings_of(strategy, {"num_draft_tokens": args.num_draft_tokens})
 
+    if args.backend == BACKEND_VLLM:
+        return _bench_vllm(args, prompts, strategies, base, settings_for)
+    if args.vllm_url:
+        raise UserError("--vllm-url needs --backend vllm")
     peers = [p for p in args.peers.split(",") if p]
     bars = []  # opened at the first finished run, so that an error before it prints alone
 
@@ -229,11 +229,9 @@ def _cmd_bench(args) -> None:
     print(f"results, summary and traces written to {args.out}")
 
 
-def _bench_vllm(args, prompts, strategies) -> None:
+def _bench_vllm(args, prompts, strategies, base, settings_for) -> None:
     from mtp_viz.profile import read_batch_profile
-    from mtp_viz.runner import RunRequest, settings_of
     from mtp_viz.serving.load import compare_engines, sweep
-    from mtp_viz.strategies.base import GenerationSettings
 
     try:
         levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -241,18 +239,7 @@ def _bench_vllm(args, prompts, strategies) -> None:
         raise UserError(f"--concurrency takes integers separated by commas, got {args.concurrency!r}") from None
     if args.peers:
         raise UserError("--peers run beside our engine; with --backend vllm leave them out")
-    base = RunRequest(
-        model=args.model,
-        draft=args.draft,
-        device=args.device,
-        dtype=args.dtype,
-        generation=GenerationSettings(max_new_tokens=args.max_new_tokens),
-    )
     profile = read_batch_profile(args.profile)[:2] if args.profile else None
-
-    def settings_for(strategy: str) -> dict:
-        return settings_of(strategy, {"num_draft_tokens": args.num_draft_tokens})
-
     table = sweep(prompts, strategies, levels, base, args.out, settings_for, args.vllm_url, _progress_line, profile)
     if sys.stderr.isatty():
         print(file=sys.stderr)

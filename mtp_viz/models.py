@@ -194,12 +194,22 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    return save_atomically(out, lambda tmp: _save_converted(model, tok, gguf, tmp))
+
+
+def _save_converted(model, tok, gguf: Path, folder: Path) -> None:
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    (folder / "mtp_viz_source.json").write_text(json.dumps({"gguf": gguf.name}))
+
+
+def save_atomically(out: Path, write) -> Path:
+    """Write a model directory through `write(tmp)` into a temporary sibling, then move it to
+    `out` in one step: a reader never sees half a directory, an interrupted write leaves none."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
     try:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        (tmp / "mtp_viz_source.json").write_text(json.dumps({"gguf": gguf.name}))
+        write(tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

@@ -255,7 +255,7 @@ class Run:
         try:
             for step in strategy:
                 if texts is not None:
-                    _attach_text(step, texts)
+                    attach_text(step, texts)
                 steps.append(step)
                 last, paused_before_last = clock.now(), paused
                 yield step
@@ -310,9 +310,12 @@ def run(request: RunRequest) -> Trace:
     return r.trace
 
 
-def _attach_text(step: Step, texts: TextTracker) -> None:
-    if step.drafted:
-        for d, t in zip(step.drafted, texts.peek([d.token_id for d in step.drafted]), strict=True):
+def attach_text(step: Step, texts: TextTracker) -> None:
+    """The text each token of a step adds (drafted ones as if appended; ids an engine did not
+    report have none)."""
+    known = [d for d in step.drafted if d.token_id is not None]
+    if known:
+        for d, t in zip(known, texts.peek([d.token_id for d in known]), strict=True):
             d.text = t
     for e, t in zip(step.emitted, texts.commit([e.token_id for e in step.emitted]), strict=True):
         e.text = t

@@ -292,5 +292,3 @@ def gone(pids: list[int], timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.1)
     return False
-
-

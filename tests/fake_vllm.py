@@ -54,9 +54,7 @@ def main() -> None:
             request = json.loads(self.rfile.read(int(self.headers["content-length"])))
             tokens = [int(t) for t in os.environ.get("FAKE_VLLM_TOKENS", "5,6,7").split(",")]
             tokens = tokens[: request["max_tokens"]]
-            chunks = [
-                {"choices": [{"index": 0, "text": "", "token_ids": [t], "finish_reason": None}]} for t in tokens
-            ]
+            chunks = [{"choices": [{"index": 0, "text": "", "token_ids": [t], "finish_reason": None}]} for t in tokens]
             chunks[0]["choices"][0]["prompt_token_ids"] = request["prompt"]
             chunks.append({"choices": [], "usage": {"completion_tokens": len(tokens)}, "metrics": {}})
             body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"

@@ -165,7 +165,9 @@ def _sweep(folder, rows) -> None:
     folder.mkdir()
     columns = ["strategy", "concurrency", "tokens_per_s", "speedup", "mean_accepted_tokens", "scored_per_forward"]
     pd.DataFrame(rows, columns=columns).to_csv(folder / "serving.csv", index=False)
-    (folder / "summary.json").write_text(json.dumps({"machine": {"cpu": "Serving CPU"}, "vllm": "9.9", "prompts": []}))
+    (folder / "summary.json").write_text(
+        json.dumps({"machine": {"cpu": "Serving CPU", "threads": 1}, "vllm": "9.9", "prompts": []})
+    )
 
 
 def test_serving_sweep_is_drawn_beside_the_prediction_with_its_error(tmp_path):
@@ -186,6 +188,25 @@ def test_serving_sweep_is_drawn_beside_the_prediction_with_its_error(tmp_path):
     assert lookup.loc[1, "predicted_speedup"] == pytest.approx(1.3) and lookup.loc[8, "predicted_speedup"] == 1.0
     assert lookup.loc[8, "prediction_error"] == pytest.approx((1.0 - 0.9) / 0.9, abs=1e-3)
     assert [t.name for t in fig.data] == ["prompt_lookup: measured", "prompt_lookup: predicted"]
-    assert "Serving CPU, vLLM 9.9" in fig.layout.title.text and "Serving CPU" in caption
+    assert "Serving CPU, 1 threads, vLLM 9.9" in fig.layout.title.text and "Serving CPU" in caption
     with pytest.raises(UserError, match="not a serving sweep"):
         serving_views(tmp_path, profile)
+
+
+def test_the_draft_cost_measured_on_the_engine_reproduces_its_single_client_speedup():
+    from mtp_viz.serving.load import engine_draft_cost, with_prediction
+
+    table = pd.DataFrame(
+        [
+            {"strategy": "speculative:num_draft_tokens=1", "concurrency": b, "speedup": sp, "tokens_per_s": 0.0}
+            | {"mean_accepted_tokens": 1.25, "scored_per_forward": 2.0}
+            for b, sp in ((1, 0.85), (8, 0.7))
+        ]
+    )
+    batch = {1: {1: 1.0, 2: 1.0}, 8: {1: 1.0, 2: 1.4}}
+    c = engine_draft_cost(table, batch)["speculative:num_draft_tokens=1"]
+    assert c == pytest.approx(1.25 / 0.85 - 1.0)
+    rows = with_prediction(table, batch, 0.1).set_index("concurrency")
+    assert rows.loc[1, "calibrated_speedup"] == pytest.approx(0.85) and rows.loc[1, "calibrated_error"] == 0
+    assert rows.loc[1, "predicted_speedup"] == pytest.approx(1.25 / 1.1)  # the profile's c = 0.1
+    assert rows.loc[8, "calibrated_speedup"] == pytest.approx(1.25 / (1.4 + c))

@@ -17,7 +17,7 @@ from mtp_viz.errors import UserError
 from mtp_viz.machine import machine_info
 from mtp_viz.models import LoadedModel, encode_prompt, load_model, resolve_device
 from mtp_viz.registry import load_registry
-from mtp_viz.runner import MAX_PROMPT_CHARS, RunRequest, build_strategy_settings, valid_unicode
+from mtp_viz.runner import MAX_PROMPT_CHARS, RunRequest, attach_text, build_strategy_settings, valid_unicode
 from mtp_viz.serving.client import Completion, complete, completion_body
 from mtp_viz.serving.export import export_draft, model_dir
 from mtp_viz.serving.methods import served, server_args
@@ -68,7 +68,7 @@ class VLLMPlan:
             speculative_config=self.speculative_config,
             settings=flat,
             eos_token_ids=self.target.eos_token_ids,
-            machine={**machine_info("cpu"), "threads": threads, **engine},
+            machine={**machine_info(resolve_device(r.device)), "threads": threads, **engine},
         )
 
 
@@ -146,11 +146,7 @@ def attach_texts(trace: Trace, target: LoadedModel) -> None:
         return
     texts = TextTracker(target.tokenizer, trace.prompt_token_ids)
     for step in trace.steps:
-        known = [d for d in step.drafted if d.token_id is not None]
-        for d, t in zip(known, texts.peek([d.token_id for d in known]), strict=True):
-            d.text = t
-        for e, t in zip(step.emitted, texts.commit([e.token_id for e in step.emitted]), strict=True):
-            e.text = t
+        attach_text(step, texts)
     trace.output_text = target.tokenizer.decode(trace.output_token_ids, skip_special_tokens=False)
 
 

@@ -9,14 +9,12 @@ token the trained one never would; the target's verification keeps output identi
 """
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from mtp_viz.errors import UserError
-from mtp_viz.models import LoadedModel, cache_root, is_model_dir, load_model
+from mtp_viz.models import LoadedModel, cache_root, is_model_dir, load_model, save_atomically
 from mtp_viz.registry import load_registry
 
 STAMP = "mtp_viz_export.json"
@@ -48,18 +46,13 @@ def export_draft(draft_name: str, out: Path | None = None) -> Path:
     draft = load_model(draft_name, "cpu", "float32")
     base = load_model(source.base, "cpu", "float32")
     plain = _plain_draft(draft.model, base.model)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
-    try:
-        plain.save_pretrained(tmp)
-        base.tokenizer.save_pretrained(tmp)
-        (tmp / STAMP).write_text(json.dumps(stamp))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+
+    def write(folder: Path) -> None:
+        plain.save_pretrained(folder)
+        base.tokenizer.save_pretrained(folder)
+        (folder / STAMP).write_text(json.dumps(stamp))
+
+    return save_atomically(out, write)
 
 
 @torch.no_grad()

@@ -26,7 +26,7 @@ from mtp_viz.runner import RunRequest, parse_variant
 from mtp_viz.serving.backend import VLLMPlan, open_server, plan, prompt_ids, request_body, to_trace
 from mtp_viz.serving.client import ACCEPTED, DRAFTED, Completion, complete_async, spec_counters
 from mtp_viz.serving.server import ServerError, VLLMServer
-from mtp_viz.theory import concurrency_speedup
+from mtp_viz.theory import concurrency_speedup, interpolated
 from mtp_viz.trace import Trace, depth_counts
 
 CONCURRENCY = (1, 2, 4, 8, 16, 32)
@@ -118,9 +118,11 @@ async def closed_loop(url: str, bodies: list[dict], concurrency: int) -> tuple[l
 
 
 def requests_for(prompts: list[list[int]], concurrency: int) -> list[int]:
-    """Prompt indices for one level: every prompt, cycled so that at least C requests go out."""
-    n = max(len(prompts), concurrency)
-    return [i % len(prompts) for i in range(n)]
+    """Prompt indices for one level: every prompt, cycled to a whole number (at least 2, but for
+    one client) of requests per client, so that the clients stay busy together and the level's
+    throughput is not the tail of a few stragglers."""
+    rounds = max(math.ceil(len(prompts) / concurrency), 2 if concurrency > 1 else 1)
+    return [i % len(prompts) for i in range(rounds * concurrency)]
 
 
 def measure_level(server: VLLMServer, p: VLLMPlan, label: str, ids: list[list[int]], c: int, texts: list[str]):
@@ -146,7 +148,7 @@ def settled_counters(url: str, before: dict[str, float], drafted: float, timeout
         time.sleep(0.2)
 
 
-def warm_up(server: VLLMServer, p: VLLMPlan, ids: list[list[int]], concurrency: int) -> None:
+def warm_up_concurrent(server: VLLMServer, p: VLLMPlan, ids: list[list[int]], concurrency: int) -> None:
     """Untimed requests first: the first ones on a fresh server pay one-off costs."""
     bodies = [replace_tokens(request_body(p, ids[i % len(ids)]), 16) for i in range(max(2, min(concurrency, 4)))]
     asyncio.run(closed_loop(server.url, bodies, len(bodies)))
@@ -170,7 +172,9 @@ def sweep(
     """Every strategy at every concurrency on vLLM (autoregressive first, the speedup baseline)."""
     if not concurrency or any(not 1 <= c <= MAX_CONCURRENCY for c in concurrency):
         raise UserError(f"--concurrency takes integers 1..{MAX_CONCURRENCY}, separated by commas")
-    variants = {label: parse_variant(label) for label in dict.fromkeys([BASELINE, *labels])}
+    if url and len(labels) != 1:
+        raise UserError("a running server (--vllm-url) serves one strategy: give only that one to --strategies")
+    variants = {label: parse_variant(label) for label in dict.fromkeys(labels if url else [BASELINE, *labels])}
     plans = {
         label: plan(replace(base, strategy=name, strategy_settings={**settings_for(name), **values}))
         for label, (name, values) in variants.items()
@@ -184,12 +188,11 @@ def sweep(
         texts = [q.text for q in prompts]
         try:
             with open_server(p, url, progress) as server:
+                threads = p.served(server).machine["threads"]  # vLLM's CPU worker's, not ours
                 meta.setdefault("vllm", server.version)
-                meta.setdefault("servers", {})[label] = {
-                    "args": server.args,
-                    "threads": p.served(server).machine["threads"],
-                }
-                warm_up(server, p, ids, max(concurrency))
+                meta["machine"]["threads"] = threads
+                meta.setdefault("servers", {})[label] = {"args": server.args, "threads": threads}
+                warm_up_concurrent(server, p, ids, max(concurrency))
                 for c in concurrency:
                     if progress:
                         progress(f"{label}: {c} concurrent client{'s' * (c > 1)}")
@@ -198,7 +201,7 @@ def sweep(
                     outputs[(label, c)] = [t.output_token_ids for t in point.traces]
                     _save_traces(out, label, c, point.traces, [prompts[i].id for i in order])
                     _write(out, rows, outputs, meta, profile)
-        except (ServerError, httpx.HTTPError) as e:
+        except (UserError, httpx.HTTPError) as e:  # a server that died, a response that does not fit
             meta["errors"].append(f"{label}: {e}")
             _write(out, rows, outputs, meta, profile)
             raise ServerError(f"{label} stopped: {e} (results so far in {out})") from None
@@ -239,12 +242,33 @@ def predicted(row: pd.Series, batch_cost: dict[int, dict[int, float]], c: float 
     b = int(row["concurrency"])
     if b not in batch_cost or pd.isna(row["mean_accepted_tokens"]):
         return math.nan
-    drafting = parse_variant(str(row["strategy"]))[0] == "speculative"  # a draft forward per drafted token
+    drafting = uses_draft(row["strategy"])  # a draft forward per drafted token
     if drafting and c is None:
         return math.nan
     drafts = float(row["scored_per_forward"]) - 1.0 if drafting else 0.0
     tokens, scored = float(row["mean_accepted_tokens"]), float(row["scored_per_forward"])
     return concurrency_speedup(tokens, scored, drafts, c or 0.0, {b: batch_cost[b]})[b]
+
+
+def uses_draft(label: str) -> bool:
+    return parse_variant(str(label))[0] == "speculative"
+
+
+def engine_draft_cost(table: pd.DataFrame, batch_cost: dict[int, dict[int, float]]) -> dict[str, float]:
+    """c as the serving engine pays it, per draft-model label, from its single-client row: a step
+    costs (tokens per forward / speedup) autoregressive steps; less the verify cost our profile
+    gives for the tokens it scored, per draft forward. Our engine's c (the profile's) leaves out
+    what the serving engine spends on each draft step besides the draft's layers."""
+    costs = {}
+    for _, row in table[(table["concurrency"] == 1) & table["strategy"].map(uses_draft)].iterrows():
+        drafts = float(row["scored_per_forward"]) - 1.0
+        if 1 not in batch_cost or drafts <= 0 or pd.isna(row["speedup"]):
+            continue
+        step = float(row["mean_accepted_tokens"]) / float(row["speedup"])
+        costs[row["strategy"]] = max(
+            0.0, (step - interpolated(batch_cost[1], float(row["scored_per_forward"]))) / drafts
+        )
+    return costs
 
 
 ENGINES_CSV = "engines.csv"
@@ -329,11 +353,18 @@ def read_sweep(folder: str | Path) -> tuple[pd.DataFrame, dict]:
 def with_prediction(
     table: pd.DataFrame, batch_cost: dict[int, dict[int, float]] | None, c: float | None
 ) -> pd.DataFrame:
-    """The sweep's rows with our load model's prediction from a profile, and how far off it is
-    ((predicted − measured) / measured); NaN where the profile has no timings for that C."""
+    """The sweep's rows with our load model's prediction from a profile (`predicted_speedup`), the
+    same with the draft's cost measured on the serving engine at one client (`calibrated_speedup`;
+    `engine_c`), and how far off each is ((predicted − measured) / measured); NaN where the
+    profile has no timings for that concurrency."""
     table = table.copy()
-    table["predicted_speedup"] = [
-        predicted(row, batch_cost, c) if batch_cost else math.nan for _, row in table.iterrows()
+    batch_cost = batch_cost or {}
+    engine_c = engine_draft_cost(table, batch_cost)
+    table["engine_c"] = table["strategy"].map(engine_c)
+    table["predicted_speedup"] = [predicted(row, batch_cost, c) for _, row in table.iterrows()]
+    table["calibrated_speedup"] = [
+        predicted(row, batch_cost, engine_c.get(row["strategy"], c)) for _, row in table.iterrows()
     ]
-    table["prediction_error"] = (table["predicted_speedup"] - table["speedup"]) / table["speedup"]
+    for column, error in (("predicted_speedup", "prediction_error"), ("calibrated_speedup", "calibrated_error")):
+        table[error] = (table[column] - table["speedup"]) / table["speedup"]
     return table

@@ -171,7 +171,7 @@ def trace_from_completion(
         stop_reason=STOP_EOS if eos else STOP_MAX_NEW_TOKENS,
         output_text=c.text if output_text is None else output_text,
         prompt_text=prompt_text,
-        device="cpu" if not served.machine.get("gpu") else "cuda:0",
+        device="cuda:0" if served.machine.get("gpu") else "cpu",
         dtype=served.machine.get("dtype", "float32"),
         machine={
             **served.machine,

@@ -34,7 +34,8 @@ def profiles() -> dict[str, Path]:
 
 SERVING = Path(__file__).resolve().parent.parent.parent / "assets" / "serving"
 SERVING_COLUMNS = ["strategy", "concurrency", "tokens_per_s", "speedup", "predicted_speedup", "prediction_error"]
-SERVING_COLUMNS += ["mean_accepted_tokens", "identical_to_ar", "ttft_s", "itl_s"]
+SERVING_COLUMNS += ["calibrated_speedup", "calibrated_error", "engine_c", "mean_accepted_tokens", "identical_to_ar"]
+SERVING_COLUMNS += ["ttft_s", "itl_s"]
 
 
 def serving_sweeps() -> dict[str, Path]:
@@ -54,8 +55,9 @@ def serving_views(sweep: Path | None, profile: Path | None):
     caption = (
         f"Measured with {len(meta.get('prompts', []))} Spec-Bench prompts per concurrency level on {machine} "
         f"(`python -m mtp_viz bench --backend vllm`); predicted from B × k timings of our engine on "
-        f"{profile_machine} and each strategy's tokens per forward as vLLM measured them. "
-        "prediction_error = (predicted − measured) / measured."
+        f"{profile_machine} and each strategy's tokens per forward as vLLM measured them (dashed), and the "
+        "same with the draft's cost c measured on vLLM at one client (dotted, `engine_c`; the profile's c "
+        f"is {c if c is not None else 'unknown'}). error = (predicted − measured) / measured."
     )
     shown = table[[c for c in SERVING_COLUMNS if c in table]].round(3)
     return figures.serving_curves(table, machine), shown, caption

@@ -344,15 +344,21 @@ def concurrency(curves: dict[str, tuple[dict[int, float], int | None]], machine:
                 marker=dict(symbol="x-thin", size=16, line=dict(width=3, color=colour)),
                 hoverinfo="skip",
             )
-    fig.add_hline(y=1.0, line_color="#111827", line_dash="dot", annotation_text="autoregressive")
     sizes = sorted({b for speedups, _ in curves.values() for b in speedups}) or [1, 2, 4, 8, 16, 32]
     if not curves:
         _empty_note(fig, "no per-forward figures in these results (re-run the bench), or no B × k timings")
+    title = f"Predicted speedup under load<br><sup>B × k timings: {html.escape(machine)}</sup>"
+    return _load_layout(fig, title, "concurrent users B (sequences per forward)", "autoregressive", sizes)
+
+
+def _load_layout(fig: go.Figure, title: str, x_title: str, baseline: str, sizes: list[int]) -> go.Figure:
+    """Speedup against concurrency: the 1x line of the baseline, a log axis ticked at the sizes measured."""
+    fig.add_hline(y=1.0, line_color="#111827", line_dash="dot", annotation_text=baseline)
     return _bench_layout(
         fig,
-        f"Predicted speedup under load<br><sup>B × k timings: {html.escape(machine)}</sup>",
-        xaxis=dict(title="concurrent users B (sequences per forward)", type="log", tickvals=sizes, ticktext=sizes),
-        yaxis=dict(title="speedup over autoregressive (x)", rangemode="tozero"),
+        title,
+        xaxis=dict(title=x_title, type="log", tickvals=sizes, ticktext=sizes),
+        yaxis=dict(title=f"speedup over {baseline} (x)", rangemode="tozero"),
     )
 
 
@@ -373,25 +379,27 @@ def serving_curves(table, machine: str) -> go.Figure:
             marker=dict(symbol=marker, size=8, color=colour),
             hovertemplate=f"{name} measured<br>%{{x}} clients: %{{y:.2f}}x<extra></extra>",
         )
-        if "predicted_speedup" in rows and rows["predicted_speedup"].notna().any():
+        for column, what, dash in (
+            ("predicted_speedup", "predicted", "dash"),
+            ("calibrated_speedup", "c from vLLM", "dot"),
+        ):
+            if column not in rows or rows[column].isna().all():
+                continue
+            if column == "calibrated_speedup" and rows[column].equals(rows.get("predicted_speedup")):
+                continue  # no draft: calibrating c changes nothing
             fig.add_scatter(
                 x=rows["concurrency"],
-                y=rows["predicted_speedup"],
+                y=rows[column],
                 mode="lines",
-                name=f"{name}: predicted",
-                line=dict(color=colour, dash="dash"),
-                hovertemplate=f"{name} predicted<br>%{{x}} clients: %{{y:.2f}}x<extra></extra>",
+                name=f"{name}: {what}",
+                line=dict(color=colour, dash=dash),
+                hovertemplate=f"{name} {what}<br>%{{x}} clients: %{{y:.2f}}x<extra></extra>",
             )
-    fig.add_hline(y=1.0, line_color="#111827", line_dash="dot", annotation_text="autoregressive")
     sizes = sorted(set(table["concurrency"])) or [1]
     if table.empty:
         _empty_note(fig, "no serving sweep: python -m mtp_viz bench --backend vllm measures one")
-    return _bench_layout(
-        fig,
-        f"Measured under load on a serving engine<br><sup>{html.escape(machine)}</sup>",
-        xaxis=dict(title="concurrent clients", type="log", tickvals=sizes, ticktext=sizes),
-        yaxis=dict(title="speedup over the engine's autoregressive (x)", rangemode="tozero"),
-    )
+    title = f"Measured under load on a serving engine<br><sup>{html.escape(machine)}</sup>"
+    return _load_layout(fig, title, "concurrent clients", "the engine's autoregressive", sizes)
 
 
 # The paper's published points (Kirchenbauer et al., arXiv 2602.06019, ConfAdapt at τ = 0.9):
