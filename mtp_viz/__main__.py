@@ -128,6 +128,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     prof.add_argument("--out", type=Path, required=True)
     _add_train(sub)
+    export = sub.add_parser(
+        "export-draft", help="write a trained draft as a plain model directory another engine (vLLM) loads"
+    )
+    export.add_argument("--draft", required=True, help="registry id of a trained draft (e.g. smollm2-135m-draft)")
+    export.add_argument("--out", type=Path, help="where (default: <cache>/export/<draft>)")
     return parser
 
 
@@ -230,8 +235,10 @@ def _cmd_bench(args) -> None:
 
 
 def _bench_vllm(args, prompts, strategies, base, settings_for) -> None:
+    from tqdm import tqdm
+
     from mtp_viz.profile import read_batch_profile
-    from mtp_viz.serving.load import compare_engines, sweep
+    from mtp_viz.serving.load import LEVEL_DONE, compare_engines, sweep
 
     try:
         levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -240,9 +247,14 @@ def _bench_vllm(args, prompts, strategies, base, settings_for) -> None:
     if args.peers:
         raise UserError("--peers run beside our engine; with --backend vllm leave them out")
     profile = read_batch_profile(args.profile)[:2] if args.profile else None
-    table = sweep(prompts, strategies, levels, base, args.out, settings_for, args.vllm_url, _progress_line, profile)
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
+    labels = len(dict.fromkeys([*strategies] if args.vllm_url else ["autoregressive", *strategies]))
+    with tqdm(total=labels * len(levels), unit="level") as bar:
+
+        def progress(message: str) -> None:
+            bar.set_description_str(message[:80])
+            bar.update(int(message.startswith(LEVEL_DONE)))
+
+        table = sweep(prompts, strategies, levels, base, args.out, settings_for, args.vllm_url, progress, profile)
     shown = ["strategy", "concurrency", "tokens_per_s", "speedup", "predicted_speedup", "mean_accepted_tokens"]
     shown += ["identical_to_ar", "ttft_s", "itl_s"]
     print(table[shown].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
@@ -418,6 +430,12 @@ def _cmd_run(args) -> None:
         print(f"trace written to {args.trace_out}")
 
 
+def _cmd_export_draft(args) -> None:
+    from mtp_viz.serving.export import export_draft
+
+    print(f"{args.draft} written to {export_draft(args.draft, args.out)} (vLLM: --speculative-config model=<that>)")
+
+
 def _cmd_check_distribution(args) -> None:
     from mtp_viz.quality import check_distribution
 
@@ -447,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
             "profile": _cmd_profile,
             "bench": _cmd_bench,
             "train": _cmd_train,
+            "export-draft": _cmd_export_draft,
         }
         commands[args.command](args)
     except UserError as e:

@@ -4,7 +4,8 @@
 It takes the same arguments, starts a grandchild (as vLLM starts its engine), writes the pids to
 $FAKE_VLLM_PIDS, and by $FAKE_VLLM_MODE: `ok` serves /health, /v1/models and /version; `die`
 exits with an error line; `hang` never becomes healthy. A completion streams the token ids in
-$FAKE_VLLM_TOKENS (default 5,6,7) one per chunk, as vLLM streams plain decoding; /metrics is empty."""
+$FAKE_VLLM_TOKENS (default 5,6,7) one per chunk, as vLLM streams plain decoding; /metrics is empty.
+With $FAKE_VLLM_DIE_AFTER=N the server dies (its engine child left behind) after N completions."""
 
 import json
 import os
@@ -31,6 +32,8 @@ def main() -> None:
     if mode == "hang":
         time.sleep(600)
     name = arg("--served-model-name")
+    answered = [0]
+    die_after = int(os.environ.get("FAKE_VLLM_DIE_AFTER", "0"))
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
@@ -63,6 +66,10 @@ def main() -> None:
             self.send_header("content-length", str(len(body.encode())))
             self.end_headers()
             self.wfile.write(body.encode())
+            self.wfile.flush()
+            answered[0] += 1
+            if answered[0] == die_after:
+                os._exit(1)
 
         def log_message(self, *args):
             pass

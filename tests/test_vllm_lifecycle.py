@@ -151,3 +151,20 @@ def test_stop_in_the_ui_while_vllm_starts_stops_the_server(fake_vllm, use_tiny_r
         message, _ = next(updates)
     updates.close()  # what Gradio does on Stop
     assert "vLLM" in message and gone(json.loads(fake_vllm.read_text()))
+
+
+def test_a_server_that_dies_mid_sweep_keeps_the_results_so_far(fake_vllm, use_tiny_registry, monkeypatch, tmp_path):
+    from mtp_viz.bench import BenchPrompt
+    from mtp_viz.runner import RunRequest
+    from mtp_viz.serving.load import read_sweep, sweep
+    from mtp_viz.strategies.base import GenerationSettings
+
+    monkeypatch.setenv("FAKE_VLLM_DIE_AFTER", "4")  # two warm-up requests, the first level's one, one more
+    prompts = [BenchPrompt("1", "writing", "the cat")]
+    base = RunRequest(model="tiny", generation=GenerationSettings(max_new_tokens=3))
+    with pytest.raises(ServerError, match="results so far in"):
+        sweep(prompts, ["autoregressive"], [1, 2], base, tmp_path / "out")
+    table, meta = read_sweep(tmp_path / "out")
+    assert table["concurrency"].tolist() == [1] and table["tokens_per_s"].iloc[0] > 0
+    assert meta["errors"] and meta["errors"][0].startswith("autoregressive")
+    assert gone(json.loads(fake_vllm.read_text()))  # the dead server's engine child too

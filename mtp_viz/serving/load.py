@@ -31,6 +31,7 @@ from mtp_viz.trace import Trace, depth_counts
 
 CONCURRENCY = (1, 2, 4, 8, 16, 32)
 SERVING_CSV = "serving.csv"
+LEVEL_DONE = "measured"  # how a progress message that closes a level starts
 SUMMARY_JSON = "summary.json"
 BASELINE = "autoregressive"
 MAX_CONCURRENCY = 256
@@ -197,6 +198,8 @@ def sweep(
                     if progress:
                         progress(f"{label}: {c} concurrent client{'s' * (c > 1)}")
                     point, order = measure_level(server, p, label, ids, c, texts)
+                    if progress:
+                        progress(f"{LEVEL_DONE} {label} at {c}: {point.row()['tokens_per_s']:.1f} tokens/s")
                     rows.append(point.row())
                     outputs[(label, c)] = [t.output_token_ids for t in point.traces]
                     _save_traces(out, label, c, point.traces, [prompts[i].id for i in order])
