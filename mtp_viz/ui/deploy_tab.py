@@ -57,7 +57,7 @@ def serving_views(sweep: Path | None, profile: Path | None):
         f"(`python -m mtp_viz bench --backend vllm`); predicted from B × k timings of our engine on "
         f"{profile_machine} and each strategy's tokens per forward as vLLM measured them (dashed), and the "
         "same with the draft's cost c measured on vLLM at one client (dotted, `engine_c`; the profile's c "
-        f"is {c if c is not None else 'unknown'}). error = (predicted − measured) / measured."
+        f"is {'unknown' if c is None else f'{c:.3f}'}). error = (predicted − measured) / measured."
     )
     shown = table[[c for c in SERVING_COLUMNS if c in table]].round(3)
     return figures.serving_curves(table, machine), shown, caption

@@ -234,6 +234,7 @@ def theory_curves(
 
 
 MAX_SERIES = 8  # no figure draws more series than this: a projector can't show more
+VARIANT_MARKERS = ("circle", "square", "diamond", "triangle-up", "cross")
 
 
 def family(label: str) -> str:
@@ -366,9 +367,13 @@ def serving_curves(table, machine: str) -> go.Figure:
     """Measured speedup over the serving engine's own autoregressive decoding against concurrent
     clients (solid), beside what our load model predicts for it (dashed), per strategy."""
     fig = go.Figure()
-    for label in [s for s in dict.fromkeys(table["strategy"]) if s != "autoregressive"][:MAX_SERIES]:
+    labels = [s for s in dict.fromkeys(table["strategy"]) if s != "autoregressive"][:MAX_SERIES]
+    for label in labels:
         rows = table[table["strategy"] == label].sort_values("concurrency")
         colour, marker = family_style(label)
+        siblings = [other for other in labels if family(other) == family(label)]
+        if len(siblings) > 1:  # variants of one family: one colour, told apart by their markers
+            marker = VARIANT_MARKERS[siblings.index(label) % len(VARIANT_MARKERS)]
         name = html.escape(label)
         fig.add_scatter(
             x=rows["concurrency"],
