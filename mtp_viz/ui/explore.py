@@ -128,7 +128,8 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                     label="Engine",
                     elem_id="mv-engine",
                 )
-                gr.Markdown(vllm_note(), elem_id="mv-vllm-note")
+                with gr.Accordion("What runs on vLLM, and what cannot", open=False):
+                    gr.Markdown(vllm_note(), elem_id="mv-vllm-note")
             with gr.Column(scale=3):
                 prompt = gr.Textbox(
                     label=f"Prompt (up to {MAX_PROMPT_CHARS:,} characters)",
