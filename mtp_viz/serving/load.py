@@ -151,12 +151,9 @@ def settled_counters(url: str, before: dict[str, float], drafted: float, timeout
 
 def warm_up_concurrent(server: VLLMServer, p: VLLMPlan, ids: list[list[int]], concurrency: int) -> None:
     """Untimed requests first: the first ones on a fresh server pay one-off costs."""
-    bodies = [replace_tokens(request_body(p, ids[i % len(ids)]), 16) for i in range(max(2, min(concurrency, 4)))]
-    asyncio.run(closed_loop(server.url, bodies, len(bodies)))
-
-
-def replace_tokens(body: dict, max_tokens: int) -> dict:
-    return {**body, "max_tokens": max_tokens}
+    n = max(2, min(concurrency, 4))
+    bodies = [{**request_body(p, ids[i % len(ids)]), "max_tokens": 16} for i in range(n)]
+    asyncio.run(closed_loop(server.url, bodies, n))
 
 
 def sweep(
@@ -198,9 +195,9 @@ def sweep(
                     if progress:
                         progress(f"{label}: {c} concurrent client{'s' * (c > 1)}")
                     point, order = measure_level(server, p, label, ids, c, texts)
-                    if progress:
-                        progress(f"{LEVEL_DONE} {label} at {c}: {point.row()['tokens_per_s']:.1f} tokens/s")
                     rows.append(point.row())
+                    if progress:
+                        progress(f"{LEVEL_DONE} {label} at {c}: {rows[-1]['tokens_per_s']:.1f} tokens/s")
                     outputs[(label, c)] = [t.output_token_ids for t in point.traces]
                     _save_traces(out, label, c, point.traces, [prompts[i].id for i in order])
                     _write(out, rows, outputs, meta, profile)
@@ -232,8 +229,8 @@ def _write(out: Path, rows: list[dict], outputs: dict, meta: dict, profile) -> p
         if key in outputs:
             mine = outputs[(row["strategy"], row["concurrency"])]
             table.loc[i, "identical_to_ar"] = _mean([float(a == b) for a, b in zip(mine, outputs[key], strict=True)])
-        if profile is not None:
-            table.loc[i, "predicted_speedup"] = predicted(row, *profile)
+    if profile is not None:
+        table = with_prediction(table, *profile)
     table.to_csv(out / SERVING_CSV, index=False)
     (out / SUMMARY_JSON).write_text(json.dumps(meta, indent=1))
     return table
