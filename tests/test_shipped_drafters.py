@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 MODEL, DRAFT, HEADS, MASK = "smollm2-135m", "smollm2-135m-draft", "smollm2-135m-mtp", "smollm2-135m-mask"
 PROMPT = "A shop sells 15 apples every day. How many apples does it sell in 15 days?"
 TOKENS = 48
-SELF_INSTRUCT = Path(__file__).resolve().parent.parent / "docs" / "smollm2-135m-self-instruct-prompts.json"
+SELF_INSTRUCT = Path(__file__).resolve().parent.parent / "docs" / "results" / "smollm2-135m-self-instruct-prompts.json"
 
 
 @pytest.fixture(scope="module")

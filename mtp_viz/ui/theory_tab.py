@@ -15,7 +15,7 @@ from mtp_viz.ui import notes, service
 from mtp_viz.ui.explore import example_traces
 from mtp_viz.viz import figures
 
-PROFILES = Path(__file__).resolve().parent.parent.parent / "docs"
+PROFILES = Path(__file__).resolve().parent.parent.parent / "docs" / "results"
 MAX_GAMMA = 16
 
 
