@@ -37,6 +37,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from mtp_viz.machine import machine_info, machine_key
+from mtp_viz.paths import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -212,8 +213,6 @@ def measure(weights: Sequence[torch.Tensor], rows: Sequence[int] = MEASURED_ROWS
 
 
 def plan_path(model: nn.Module) -> Path:
-    from mtp_viz.models import cache_root  # the models module imports this one
-
     shapes = sorted({tuple(m.weight.shape) for m in model.modules() if isinstance(m, nn.Linear)})
     name = f"{machine_key()}-{hashlib.sha256(repr(shapes).encode()).hexdigest()[:10]}"
     return cache_root() / "kernels" / f"{name}.json"

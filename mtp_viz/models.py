@@ -21,17 +21,18 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from mtp_viz.drafters.draft import load_draft
 from mtp_viz.drafters.heads import MTPHeads, load_heads
 from mtp_viz.drafters.mask import load_mask_model
 from mtp_viz.errors import IncompatibleDraftError, UnknownModelError, UserError
 from mtp_viz.kernels import plan_of, tune, use_fast_linears
+from mtp_viz.paths import cache_root
 from mtp_viz.registry import ModelEntry, Source, load_registry
 
 log = logging.getLogger(__name__)
 
-CACHE_ENV = "MTP_VIZ_CACHE"
 HUB_HOST = ("huggingface.co", 443)
 HUB_TIMEOUT_S = 2.0
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,14 +59,8 @@ class LoadedModel:
 
 def quiet_transformers() -> None:
     """No progress bars or advisory warnings from transformers on the CLI and in the app."""
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "mtp-viz"))
 
 
 def resolve_device(device: str | None = None) -> torch.device:

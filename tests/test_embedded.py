@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtp_viz import models
+from mtp_viz import models, paths
 from mtp_viz.detok import TextTracker
 from mtp_viz.models import encode_prompt, load_model
 from mtp_viz.runner import RunRequest, run
@@ -110,7 +110,7 @@ def test_token_texts_concatenate_to_the_decoded_text(smol, text):
 
 
 def test_gguf_is_converted_once_then_loaded_from_the_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     models.hub_reachable.cache_clear()
     models._load_cached.cache_clear()
