@@ -9,12 +9,13 @@ import pandas as pd
 import torch
 
 from mtp_viz.errors import UserError
-from mtp_viz.labels import is_peer
+from mtp_viz.labels import BENCH_COLUMNS, is_peer
 from mtp_viz.models import load_heads_for, load_model
 from mtp_viz.registry import load_registry
+from mtp_viz.runner import build_strategy_settings, parse_variant
+from mtp_viz.strategies import STRATEGIES, get_strategy
 from mtp_viz.theory import break_even, concurrency_speedup
 from mtp_viz.trace import Trace
-from mtp_viz.viz.tables import BENCH_COLUMNS
 
 MB = 2**20
 
@@ -110,9 +111,6 @@ def cost_of(
 def label_cost(model: str, label: str, row: pd.Series, context: int) -> DeployCost:
     """The cost of a bench label ("conf_adapt:tau=0.9") on registered `model`, resolving its draft,
     heads or mask-token model as a run would, and its forwards per token from the summary row."""
-    from mtp_viz.runner import build_strategy_settings, parse_variant
-    from mtp_viz.strategies import get_strategy
-
     name, values = parse_variant(label)
     spec = get_strategy(name)
     settings = build_strategy_settings(name, values)
@@ -163,9 +161,6 @@ LOSSLESS, ABOVE_FLOOR, BELOW_FLOOR = "lossless", "lossy, above the floor", "loss
 
 def quality_class(label: str, row: pd.Series, floor: float) -> str:
     """Whether a bench label is lossless, or lossy and above / below the quality floor."""
-    from mtp_viz.runner import parse_variant
-    from mtp_viz.strategies import STRATEGIES
-
     name, values = parse_variant(label)
     if STRATEGIES[name].is_lossless(values):
         return LOSSLESS

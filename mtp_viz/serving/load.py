@@ -22,7 +22,8 @@ import pandas as pd
 from mtp_viz.bench import BenchPrompt
 from mtp_viz.errors import UserError
 from mtp_viz.machine import machine_info
-from mtp_viz.runner import RunRequest, parse_variant
+from mtp_viz.quality import first_divergence
+from mtp_viz.runner import RunRequest, parse_variant, run
 from mtp_viz.serving.backend import VLLMPlan, open_server, plan, prompt_ids, request_body, to_trace
 from mtp_viz.serving.client import ACCEPTED, DRAFTED, Completion, complete_async, spec_counters
 from mtp_viz.serving.server import ServerError, VLLMServer
@@ -291,9 +292,6 @@ def compare_engines(
     """Our engine on the same prompts and settings (greedy, one request at a time, after the
     servers stopped) beside vLLM's single-client run: the same text?, tokens per forward of each,
     and their speeds as a ratio. Writes engines.csv (per prompt); returns the per-strategy means."""
-    from mtp_viz.quality import first_divergence
-    from mtp_viz.runner import run
-
     rows = []
     run(replace(base, prompt=prompts[0].text, strategy=BASELINE))  # warm-up, not recorded
     for label in dict.fromkeys([BASELINE, *labels]):

@@ -1,8 +1,11 @@
 """Traces → pandas tables. The column schema is declared once; everything else derives from it."""
 
+import html
+
 import pandas as pd
 
-from mtp_viz.labels import peer_kind
+from mtp_viz.labels import BENCH_COLUMNS, peer_kind
+from mtp_viz.machine import describe
 from mtp_viz.trace import Trace
 
 # column → (summary key or callable on the trace, format)
@@ -47,10 +50,6 @@ def metrics_table(traces: list[Trace], baseline: Trace | None = None, costs: lis
 
 def summary_html(trace: Trace, baseline_tokens_per_s: float | None = None) -> str:
     """The headline numbers of one run; speedup only where a matching baseline was measured."""
-    import html
-
-    from mtp_viz.machine import describe
-
     s = trace.summary
     cells = [
         ("tokens/s", f"{s['tokens_per_s']:.1f}"),
@@ -86,17 +85,6 @@ def summary_html(trace: Trace, baseline_tokens_per_s: float | None = None) -> st
     where = html.escape(f"measured on {describe(trace.machine)}")
     against = f"<br>{html.escape(against)}" if against else ""
     return f"<div>{body}</div><div style='font-size:12px;color:#6b7280'>{who}<br>{where}{against}</div>"
-
-
-# The bench table leads with what people ask: (column, summary column) for the overall row.
-BENCH_COLUMNS = {
-    "speedup": "speedup",
-    "tokens per forward": "mean_accepted_tokens",
-    "identical to AR": "identical_share",
-    "agreement": "agreement",
-    "target NLL": "target_nll",
-    "math accuracy": "math_accuracy",
-}
 
 
 def bench_table(summary: pd.DataFrame) -> pd.DataFrame:
