@@ -8,19 +8,16 @@ with the target on held-out sequences' answer positions, the teacher-forced esti
 per-token acceptance α in greedy mode.
 """
 
-import json
 import random
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 
 from mtp_viz.drafters.draft import DraftSpec, build_draft, load_draft, read_spec, save_draft, trained_parameters
 from mtp_viz.drafters.vocab import frequent_tokens
-from mtp_viz.models import LoadedModel
 from mtp_viz.training.data import Sequence, load_sequences
-from mtp_viz.training.loop import LoopConfig, seed_everything, train
+from mtp_viz.training.loop import LoopConfig, TrainJob, seed_everything
 
 
 @dataclass(frozen=True)
@@ -123,27 +120,18 @@ def agreement(draft, batches: list[Batch]) -> dict[str, float]:
     return {"val_agreement": hits / max(1, total)}
 
 
-def train_draft(
-    target: LoadedModel,
-    data: Path,
-    out: Path,
-    cfg: DraftTrainConfig,
-    resume: bool,
-    runs: Path,
-    log=print,
-    start_from: Path | None = None,
-) -> dict:
-    """Train and save a draft in `out` (checkpoints in `runs`); returns the report (also out/training.json)."""
+def train_draft(job: TrainJob, cfg: DraftTrainConfig) -> dict:
+    """Train and save a draft in `job.out`; returns the report (also out/training.json)."""
     seed_everything(cfg.loop.seed)
     started = time.perf_counter()
-    train_seqs = list(load_sequences(data, cfg.holdout_every, holdout=False, hidden=False))
-    val_seqs = list(load_sequences(data, cfg.holdout_every, holdout=True, hidden=False))
-    model = target.model
-    if start_from is not None:  # continue training a saved draft (its layers and vocabulary)
-        draft = load_draft(model, start_from).train()
-        init = read_spec(start_from).init_layers
+    train_seqs = list(load_sequences(job.data, cfg.holdout_every, holdout=False, hidden=False))
+    val_seqs = list(load_sequences(job.data, cfg.holdout_every, holdout=True, hidden=False))
+    model = job.target.model
+    if job.start_from is not None:  # continue training a saved draft (its layers and vocabulary)
+        draft = load_draft(model, job.start_from).train()
+        init = read_spec(job.start_from).init_layers
     else:
-        eos = sorted(target.eos_token_ids)
+        eos = sorted(job.target.eos_token_ids)
         vocab = frequent_tokens((torch.cat([s.tokens, s.argmax]) for s in train_seqs), cfg.reduced_vocab, always=eos)
         init = spread_layers(model.config.num_hidden_layers, cfg.layers)
         draft = build_draft(model, init, vocab).train()
@@ -164,35 +152,23 @@ def train_draft(
         return result
 
     initial = validate()
-    log(f"draft from target layers {init}, {len(vocab)}-token vocabulary; before training: {initial}")
-    history = train(
+    job.log(f"draft from target layers {init}, {len(vocab)}-token vocabulary; before training: {initial}")
+    history = job.train(
         params,
         epoch_batches,
         lambda group: losses(draft, collate(group, index, cfg.prompt_weight), cfg.soft_weight),
         validate,
-        runs,
         cfg.loop,
-        resume,
-        log,
     )
     draft.eval()
     spec = DraftSpec(
-        base=target.name,
+        base=job.target.name,
         init_layers=init,
         hidden_size=model.config.hidden_size,
         vocab_size=model.config.vocab_size,
         reduced_vocab=len(vocab),
     )
-    save_draft(draft, spec, out)
-    report = {
-        "config": asdict(cfg),
-        "train_sequences": len(train_seqs),
-        "train_tokens": sum(len(s.tokens) for s in train_seqs),
-        "val_sequences": len(val_seqs),
-        "started_from": str(start_from) if start_from else None,
-        "before": initial,
-        "history": history,
-        "seconds": time.perf_counter() - started,
-    }
-    (out / "training.json").write_text(json.dumps(report, indent=1))
-    return report
+    save_draft(draft, spec, job.out)
+    tokens = sum(len(s.tokens) for s in train_seqs)
+    sizes = {"train_sequences": len(train_seqs), "train_tokens": tokens, "val_sequences": len(val_seqs)}
+    return job.report(cfg, started, initial, history, **sizes)

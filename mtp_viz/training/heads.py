@@ -9,18 +9,15 @@ smooth-L1 pull of the predicted hidden state towards the real one (as EAGLE does
 depths weighted less.
 """
 
-import json
 import time
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from mtp_viz.drafters.heads import HeadsSpec, MTPHeads, build_heads, load_heads, save_heads, trained_parameters
 from mtp_viz.drafters.vocab import frequent_tokens
-from mtp_viz.models import LoadedModel
 from mtp_viz.training.data import Sequence, load_sequences
-from mtp_viz.training.loop import LoopConfig, seed_everything, train
+from mtp_viz.training.loop import LoopConfig, TrainJob, seed_everything
 
 
 @dataclass(frozen=True)
@@ -126,30 +123,21 @@ def agreement(heads: MTPHeads, data: Positions, depth: int, batch: int = 4096) -
     return result
 
 
-def train_heads(
-    target: LoadedModel,
-    data: Path,
-    out: Path,
-    cfg: HeadsTrainConfig,
-    resume: bool,
-    runs: Path,
-    log=print,
-    start_from: Path | None = None,
-) -> dict:
-    """Train and save heads in `out` (checkpoints in `runs`); returns the report (also out/training.json)."""
+def train_heads(job: TrainJob, cfg: HeadsTrainConfig) -> dict:
+    """Train and save heads in `job.out`; returns the report (also out/training.json)."""
     seed_everything(cfg.loop.seed)
     started = time.perf_counter()
-    train_seqs = list(load_sequences(data, cfg.holdout_every, holdout=False))
-    val_seqs = list(load_sequences(data, cfg.holdout_every, holdout=True))
-    model = target.model
-    if start_from is not None:  # continue training saved heads (their vocabulary and spec)
-        heads = load_heads(model, start_from).train()
+    train_seqs = list(load_sequences(job.data, cfg.holdout_every, holdout=False))
+    val_seqs = list(load_sequences(job.data, cfg.holdout_every, holdout=True))
+    model = job.target.model
+    if job.start_from is not None:  # continue training saved heads (their vocabulary and spec)
+        heads = load_heads(model, job.start_from).train()
         heads.spec = replace(heads.spec, trained_depth=cfg.depth)
     else:
-        eos = sorted(target.eos_token_ids)
+        eos = sorted(job.target.eos_token_ids)
         vocab = frequent_tokens((torch.cat([s.tokens, s.argmax]) for s in train_seqs), cfg.reduced_vocab, always=eos)
         spec = HeadsSpec(
-            base=target.name,
+            base=job.target.name,
             hidden_size=model.config.hidden_size,
             intermediate_size=model.config.intermediate_size,
             vocab_size=model.config.vocab_size,
@@ -177,27 +165,8 @@ def train_heads(
         return result
 
     initial = validate()
-    log(f"heads: {n} training positions, {len(heads.head.ids)}-token vocabulary; before training: {initial}")
-    history = train(
-        params,
-        epoch_batches,
-        lambda rows: losses(heads, train_data, rows, cfg),
-        validate,
-        runs,
-        cfg.loop,
-        resume,
-        log,
-    )
+    job.log(f"heads: {n} training positions, {len(heads.head.ids)}-token vocabulary; before training: {initial}")
+    history = job.train(params, epoch_batches, lambda rows: losses(heads, train_data, rows, cfg), validate, cfg.loop)
     heads.eval()
-    save_heads(heads, out)
-    report = {
-        "config": asdict(cfg),
-        "train_positions": n,
-        "val_positions": len(val_data.record),
-        "started_from": str(start_from) if start_from else None,
-        "before": initial,
-        "history": history,
-        "seconds": time.perf_counter() - started,
-    }
-    (out / "training.json").write_text(json.dumps(report, indent=1))
-    return report
+    save_heads(heads, job.out)
+    return job.report(cfg, started, initial, history, train_positions=n, val_positions=len(val_data.record))

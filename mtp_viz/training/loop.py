@@ -6,8 +6,10 @@ knows nothing of drafts or heads. A checkpoint holds the parameters, the optimiz
 the RNG states, so `--resume` continues the same run (the same batches in the same order).
 """
 
+import json
 import math
 import random
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,7 +18,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from mtp_viz.models import LoadedModel
+
 CHECKPOINT = "checkpoint.pt"
+REPORT = "training.json"
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,39 @@ class LoopConfig:
     checkpoint_every: int = 50
     seed: int = 0
     max_steps: int = 0  # stop after this many steps (0: after `epochs`)
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """Where one training run reads and writes: the frozen target, its data folder, the folder the
+    trained weights go to (`out`, with the report) and the one for checkpoints (`runs`). `resume`
+    continues from the last checkpoint; `start_from` trains saved weights further."""
+
+    target: LoadedModel
+    data: Path
+    out: Path
+    runs: Path
+    resume: bool = False
+    start_from: Path | None = None
+    log: Callable[[str], None] = print
+
+    def train(self, params, epoch_batches, loss_fn, validate, cfg: LoopConfig) -> list[dict]:
+        """`train` with this job's checkpoints, resumption and log."""
+        return train(params, epoch_batches, loss_fn, validate, self.runs, cfg, self.resume, self.log)
+
+    def report(self, cfg, started: float, before: dict, history: list[dict], **sizes) -> dict:
+        """The run's report (settings, data sizes, validation before and during training, seconds
+        since `started`), also written to out/training.json."""
+        report = {
+            "config": asdict(cfg),
+            **sizes,
+            "started_from": str(self.start_from) if self.start_from else None,
+            "before": before,
+            "history": history,
+            "seconds": time.perf_counter() - started,
+        }
+        (self.out / REPORT).write_text(json.dumps(report, indent=1))
+        return report
 
 
 def seed_everything(seed: int) -> None:

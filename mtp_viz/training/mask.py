@@ -20,11 +20,9 @@ over the same key/values. With `gating=everywhere` the student's real positions 
 teacher's, so the student's real pass runs with gradients and the teacher keeps its own prefix.
 """
 
-import json
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 from peft.tuners.lora import LoraLayer
@@ -42,9 +40,8 @@ from mtp_viz.drafters.mask import (
 )
 from mtp_viz.errors import UserError
 from mtp_viz.kernels import stock_linears
-from mtp_viz.models import LoadedModel
 from mtp_viz.training.data import Sequence, load_sequences
-from mtp_viz.training.loop import LoopConfig, seed_everything, train
+from mtp_viz.training.loop import LoopConfig, TrainJob, seed_everything
 
 
 @dataclass(frozen=True)
@@ -244,27 +241,18 @@ def validate(view, val: list[Packed], mask_token_id: int, shared_prefix: bool) -
     return result
 
 
-def train_mask(
-    target: LoadedModel,
-    data: Path,
-    out: Path,
-    cfg: MaskTrainConfig,
-    resume: bool,
-    runs: Path,
-    log=print,
-    start_from: Path | None = None,
-) -> dict:
-    """Train and save a mask-token adapter in `out` (checkpoints in `runs`); returns the report.
-    `out` holds the latest validated adapter from the first validation on, so a stopped run ships."""
+def train_mask(job: TrainJob, cfg: MaskTrainConfig) -> dict:
+    """Train and save a mask-token adapter in `job.out`; returns the report. `out` holds the latest
+    validated adapter from the first validation on, so a stopped run ships."""
     seed_everything(cfg.loop.seed)
     started = time.perf_counter()
-    base = target.model
-    train_seqs = list(load_sequences(data, cfg.holdout_every, holdout=False, hidden=False))
-    val_seqs = list(load_sequences(data, cfg.holdout_every, holdout=True, hidden=False))[: cfg.val_sequences]
+    base = job.target.model
+    train_seqs = list(load_sequences(job.data, cfg.holdout_every, holdout=False, hidden=False))
+    val_seqs = list(load_sequences(job.data, cfg.holdout_every, holdout=True, hidden=False))[: cfg.val_sequences]
     if not train_seqs or not val_seqs:
-        raise UserError(f"{data} holds too few sequences to train and validate on")
+        raise UserError(f"{job.data} holds too few sequences to train and validate on")
     spec = MaskSpec(
-        base=target.name,
+        base=job.target.name,
         vocab_size=base.config.vocab_size,
         hidden_size=base.config.hidden_size,
         rank=cfg.rank,
@@ -272,10 +260,10 @@ def train_mask(
         gating=cfg.gating,
         trained_k=cfg.k_max,
     )
-    if start_from is not None:
-        view = load_mask_model(base, start_from)
+    if job.start_from is not None:
+        view = load_mask_model(base, job.start_from)
         if view.mtp_mask_spec != spec:
-            raise UserError(f"{start_from} was trained with other adapter settings")
+            raise UserError(f"{job.start_from} was trained with other adapter settings")
     else:
         view = mask_model(base, spec, None)
     for p in base.parameters():
@@ -313,23 +301,14 @@ def train_mask(
     def validated() -> dict[str, float]:
         view.eval()
         result = validate(view, val_packs, mask_id, shared_prefix)
-        save_mask_model(view, out)  # the latest validated adapter is always the shipped one
+        save_mask_model(view, job.out)  # the latest validated adapter is always the shipped one
         return result
 
     with stock_linears(view):
         initial = validate(view, val_packs, mask_id, shared_prefix)
-        log(f"mask model: {len(train_seqs)} training sequences, k_max {cfg.k_max}; before training: {initial}")
-        history = train(params, epoch_batches, loss_fn, validated, runs, cfg.loop, resume, log)
-    save_mask_model(view, out)
-    report = {
-        "config": asdict(cfg),
-        "train_sequences": len(train_seqs),
-        "val_sequences": len(val_seqs),
-        "adapter_parameters": sum(p.numel() for p in params.values()),
-        "started_from": str(start_from) if start_from else None,
-        "before": initial,
-        "history": history,
-        "seconds": time.perf_counter() - started,
-    }
-    (out / "training.json").write_text(json.dumps(report, indent=1))
-    return report
+        job.log(f"mask model: {len(train_seqs)} training sequences, k_max {cfg.k_max}; before training: {initial}")
+        history = job.train(params, epoch_batches, loss_fn, validated, cfg.loop)
+    save_mask_model(view, job.out)
+    adapter = sum(p.numel() for p in params.values())
+    sizes = {"train_sequences": len(train_seqs), "val_sequences": len(val_seqs), "adapter_parameters": adapter}
+    return job.report(cfg, started, initial, history, **sizes)

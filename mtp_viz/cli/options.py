@@ -1,0 +1,29 @@
+"""Options more than one command takes, and reading the options a user gave."""
+
+import argparse
+
+from mtp_viz.runner import COMPILE_CHOICES
+from mtp_viz.serving.backend import BACKEND_OURS, BACKENDS
+
+COMPILE_HELP = "torch.compile the lean forward: auto (on a GPU), on, off; compiled once, outside the timing"
+
+
+def add_compile(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--compile", choices=COMPILE_CHOICES, default="auto", help=COMPILE_HELP)
+
+
+def add_backend(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=BACKEND_OURS,
+        help="mtp-viz (our instrumented engine) or vllm (a vLLM server started in .venv-vllm, or --vllm-url)",
+    )
+    p.add_argument("--vllm-url", help="use the vLLM server already running at this URL instead of starting one")
+
+
+def given(args: argparse.Namespace, *names: str, **renamed: str) -> dict:
+    """The options the user gave (not None) as keywords: `names` under their own name, `renamed`
+    as keyword=option (e.g. reduced_vocab="vocab")."""
+    chosen = {**{n: n for n in names}, **renamed}
+    return {key: getattr(args, option) for key, option in chosen.items() if getattr(args, option) is not None}

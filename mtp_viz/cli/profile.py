@@ -1,0 +1,85 @@
+"""`profile`: measure, on this device, the verify-cost curve, the draft cost ratio c, early-exit
+agreement per layer and the B × k timings behind the Deploy view's load curve."""
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from mtp_viz.errors import UserError
+from mtp_viz.models import load_model, resolve_device
+from mtp_viz.profile import BATCH_SIZES, exit_agreement, profile
+from mtp_viz.prompts import spec_bench
+from mtp_viz.registry import load_registry
+from mtp_viz.runner import RunRequest, run
+from mtp_viz.strategies.base import GenerationSettings
+
+
+def add(sub) -> None:
+    p = sub.add_parser("profile", help="measure the verify-cost curve (and draft cost ratio c) on this device")
+    p.add_argument("--model", help="registry id or local model directory (default: the device's default)")
+    p.add_argument("--draft", help="draft model, to measure c")
+    p.add_argument("--max-k", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument(
+        "--exit-prompts",
+        type=int,
+        default=3,
+        help="Spec-Bench prompts whose greedy answers measure early-exit agreement per layer (0: skip)",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        default=",".join(map(str, BATCH_SIZES)),
+        help="concurrent sequences B for the B × k timings behind the Deploy view's load curve (empty: skip)",
+    )
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=cmd_profile)
+
+
+def cmd_profile(args: argparse.Namespace) -> None:
+    if not 1 <= args.max_k <= 256 or not 1 <= args.repeats <= 100:
+        raise UserError("--max-k must be 1..256 and --repeats 1..100")
+    name = args.model or load_registry().default_for(resolve_device(args.device).type)
+    target = load_model(name, args.device, args.dtype)
+    draft = load_model(args.draft, args.device, args.dtype) if args.draft else None
+    if not 0 <= args.exit_prompts <= 50:
+        raise UserError("--exit-prompts must be 0..50")
+    try:
+        sizes = tuple(int(b) for b in args.batch_sizes.split(",") if b.strip())
+    except ValueError:
+        raise UserError(f"--batch-sizes takes integers separated by commas, got {args.batch_sizes!r}") from None
+    if any(not 1 <= b <= 256 for b in sizes):
+        raise UserError("--batch-sizes must be 1..256")
+    result = profile(target, draft, max_k=args.max_k, repeats=args.repeats, batch_sizes=sizes)
+    if args.exit_prompts:
+        answers = _answers(name, args.exit_prompts, args.device, args.dtype)
+        result = replace(result, exit_agreement=exit_agreement(target.model, answers))
+    args.out.write_text(json.dumps(result.as_dict(), indent=1))
+    curve = ", ".join(f"{k}: {v:.2f}" for k, v in result.verify_cost.items() if k in (1, 2, 4, 8, 16, 32))
+    print(f"{result.model} on {result.device} ({result.dtype}): one-token forward {result.one_token_s * 1e3:.1f} ms")
+    print(f"verify cost relative to one token (k: x): {curve}")
+    if result.c is not None:
+        print(f"draft {result.draft_model}: c = {result.c:.3f}")
+    if result.exit_agreement:
+        shown = ", ".join(f"{k}: {v:.2f}" for k, v in result.exit_agreement.items())
+        print(f"early exit after layer L agrees with the model's next token (L: share): {shown}")
+    print(f"written to {args.out}")
+
+
+def _answers(model: str, n: int, device: str, dtype: str) -> list[tuple[list[int], int]]:
+    """Greedy answers (48 tokens) of `model` (as the user named it: a registry id or a directory,
+    which the runner loads from the same process cache) to the first prompt of n Spec-Bench
+    categories."""
+    firsts = {}
+    for q in spec_bench():
+        firsts.setdefault(q["category"], q["turns"][0])
+    out = []
+    for text in list(firsts.values())[:n]:
+        request = RunRequest(
+            prompt=text, model=model, device=device, dtype=dtype, generation=GenerationSettings(max_new_tokens=48)
+        )
+        t = run(request)
+        out.append((t.prompt_token_ids + t.output_token_ids, len(t.prompt_token_ids)))
+    return out

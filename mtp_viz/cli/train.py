@@ -1,0 +1,88 @@
+"""`train`: drafters for a frozen target: the self-distillation data, a small draft model,
+sequential MTP heads, or a mask-token MTP adapter."""
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from mtp_viz.cli.options import given
+from mtp_viz.errors import UserError
+from mtp_viz.models import load_model
+from mtp_viz.paths import cache_root
+from mtp_viz.registry import load_registry
+from mtp_viz.training.data import MANIFEST, DataConfig, generate
+from mtp_viz.training.draft import DraftTrainConfig, train_draft
+from mtp_viz.training.heads import HeadsTrainConfig, train_heads
+from mtp_viz.training.loop import TrainJob
+from mtp_viz.training.mask import MaskTrainConfig, train_mask
+
+DATA_OPTIONS = ("instructions", "self_instruct", "contexts", "math", "max_new_tokens", "batch_size")
+# What a run may change from the defaults: option → help, in --help order (integers but where TYPES says)
+TUNING = {
+    "--instructions": "data: round-1 prompts",
+    "--self-instruct": "data: round-2 prompts, written by the target itself",
+    "--contexts": "data: round-3 (summarise / context QA) prompts",
+    "--math": "data: round-4 prompts (word problems, step by step)",
+    "--max-new-tokens": "data: tokens generated per prompt",
+    "--batch-size": "data: prompts decoded together",
+    "--layers": "draft: decoder layers",
+    "--depth": "heads: depths unrolled in training",
+    "--vocab": "reduced vocabulary size",
+    "--k-max": "mtp: most predictions per forward trained (1 + masks)",
+    "--rank": "mtp: LoRA rank",
+    "--gating": "mtp: adapter at mask positions only (mask_only) or everywhere",
+    "--steps": "mtp: optimizer steps (the training budget)",
+    "--epochs": None,
+    "--lr": None,
+}
+TYPES = {"--gating": str, "--lr": float}
+
+
+def add(sub) -> None:
+    t = sub.add_parser(
+        "train",
+        help="train drafters for a frozen target: data (cached self-distillation set), draft (a small draft model), "
+        "heads (sequential MTP heads), mtp (a mask-token MTP adapter, by self-distillation)",
+    )
+    t.add_argument("what", choices=("data", "draft", "heads", "mtp"))
+    t.add_argument("--model", help="the frozen target (default: the device's default)")
+    t.add_argument("--data", type=Path, help="data folder (default: <cache>/train/<model>)")
+    t.add_argument("--out", type=Path, help="where the trained draft, heads or adapter go (required but for data)")
+    t.add_argument("--resume", action="store_true", help="continue from the last checkpoint (kept beside the data)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--start-from", type=Path, help="draft/heads/mtp: continue training these saved weights")
+    for option, text in TUNING.items():
+        t.add_argument(option, type=TYPES.get(option, int), help=text)
+    t.add_argument("--device", default="cpu")
+    t.set_defaults(func=cmd_train)
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    loop = given(args, "epochs", "lr")
+    if args.what != "data" and args.out is None:
+        raise UserError(f"train {args.what} needs --out DIR")
+    if args.what == "mtp":  # settings checked before anything loads
+        mask_loop = replace(MaskTrainConfig().loop, seed=args.seed, **loop, **given(args, max_steps="steps"))
+        mask_cfg = MaskTrainConfig(**given(args, "k_max", "rank", "gating"), loop=mask_loop)
+    name = args.model or load_registry().default_for(args.device)
+    target = load_model(name, args.device, "float32")
+    data = args.data or cache_root() / "train" / target.name
+    data_flags = given(args, *DATA_OPTIONS)
+    if args.what != "data" and not data_flags and not (data / MANIFEST).is_file():
+        raise UserError(f"no training data in {data}; make it first: python -m mtp_viz train data --data {data}")
+    # Without data flags an existing folder keeps its own settings (and is only finished if incomplete).
+    generate(target, data, DataConfig(**data_flags, seed=args.seed) if data_flags else None)
+    if args.what == "data":
+        return
+    runs = data / "runs" / args.out.name
+    job = TrainJob(target, data, args.out, runs, resume=args.resume, start_from=args.start_from)
+    if args.what == "draft":
+        cfg = DraftTrainConfig(**given(args, "layers", reduced_vocab="vocab"))
+        report = train_draft(job, replace(cfg, loop=replace(cfg.loop, seed=args.seed, **loop)))
+    elif args.what == "heads":
+        cfg = HeadsTrainConfig(**given(args, "depth", reduced_vocab="vocab"))
+        report = train_heads(job, replace(cfg, loop=replace(cfg.loop, seed=args.seed, **loop)))
+    else:
+        report = train_mask(job, mask_cfg)
+    final = report["history"][-1] if report["history"] else report["before"]
+    print(f"{args.what} trained in {report['seconds']:.0f} s and saved to {args.out}: {final}")
