@@ -4,7 +4,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mtp_viz.cache import CachedModel
-from mtp_viz.strategies.base import DecodeContext, StrategySpec
+from mtp_viz.strategies.base import VERIFY, DecodeContext, Outcome, StepRecorder, StrategySpec
 from mtp_viz.trace import AUTOREGRESSIVE, EmittedToken, Step
 
 NAME = "autoregressive"
@@ -17,25 +17,16 @@ class AutoregressiveSettings:
 
 def run(ctx: DecodeContext, settings: AutoregressiveSettings) -> Iterator[Step]:
     target = CachedModel(ctx.target, ctx.vocab_size)
-    index = 0
+    steps = StepRecorder(ctx.clock)
     while not ctx.done:
-        start = ctx.clock.now()
+        steps.start()
         seq = ctx.seq
         fed = len(seq) - target.length
         logits = target.forward(seq)[-1]  # (V,)
         token, p = ctx.next_token(logits)
-        end = ctx.clock.now()
+        steps.mark(VERIFY)
         ctx.output.append(token)
-        yield Step(
-            index=index,
-            emitted=[EmittedToken(token, AUTOREGRESSIVE, p)],
-            verify_s=end - start,
-            step_s=end - start,
-            target_forwards=1,
-            input_tokens=fed,
-            kv_len=target.length,
-        )
-        index += 1
+        yield steps.step(Outcome([EmittedToken(token, AUTOREGRESSIVE, p)]), input_tokens=fed, kv_len=target.length)
 
 
 SPEC = StrategySpec(

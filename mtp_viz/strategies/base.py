@@ -1,7 +1,16 @@
-"""What every strategy shares: generation settings, the decoding context, chain verification.
+"""What every strategy shares: generation settings, the decoding context, drafting a token,
+chain and tree verification, and the step recorder.
 
 A strategy is a generator `run(ctx, settings) -> Iterator[Step]` that yields one Step per target
-forward, as it happens. It knows its algorithm and nothing about the UI.
+forward, as it happens. It knows its algorithm and nothing about the UI. Every loop has one shape:
+
+    steps = StepRecorder(ctx.clock)
+    while not ctx.done:
+        steps.start()
+        ...propose...;  steps.mark(DRAFT)
+        ...verify...;   steps.mark(VERIFY)
+        ...accept, commit...
+        yield steps.step(outcome, drafted=..., input_tokens=..., kv_len=...)
 """
 
 import math
@@ -143,13 +152,22 @@ class DecodeContext:
 
     def next_token(self, logits: torch.Tensor) -> tuple[int, float | None]:
         """The target's own next token from logits (V,): argmax, or a draw from the warped probs."""
-        if self.warp.greedy:
-            token = int(torch.argmax(logits))
-            p = float(torch.softmax(logits, -1)[token]) if self.record_probs else None
-            return token, p
-        probs = probs_from_logits(logits, self.warp)
-        token = sample(probs, self.generator)
-        return token, float(probs[token])
+        ids, _, p = draft_tokens(self, logits[None])
+        return ids[0], p[0]
+
+
+def draft_tokens(ctx: DecodeContext, logits: torch.Tensor) -> tuple[list[int], torch.Tensor | None, list]:
+    """One token per row of a drafter's logits (n, V): the argmax, or a draw from the warped
+    distribution. Returns the ids, the distributions q_draft (n, V) when sampling (verification
+    needs them; None when greedy) and each token's q (None when greedy and not recording)."""
+    if ctx.warp.greedy:
+        ids = logits.argmax(-1).tolist()
+        if not ctx.record_probs:
+            return ids, None, [None] * len(ids)
+        return ids, None, torch.softmax(logits, -1)[torch.arange(len(ids)), ids].tolist()
+    q_draft = probs_from_logits(logits, ctx.warp)  # (n, V)
+    ids = [sample(row, ctx.generator) for row in q_draft]
+    return ids, q_draft, [float(q_draft[i, t]) for i, t in enumerate(ids)]
 
 
 @dataclass(frozen=True)
@@ -176,14 +194,21 @@ class StrategySpec:
 
 
 @dataclass
-class ChainResult:
+class Outcome:
+    """A step's result as the trace records it: what was emitted, and per drafted token its
+    verdict, p_target and the uniform draw that decided it."""
+
+    emitted: list[EmittedToken]
+    verdicts: list[str] = field(default_factory=list)
+    target_p: list[float | None] = field(default_factory=list)
+    draws: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class ChainResult(Outcome):
     """A verified chain draft, ready to commit."""
 
-    tokens: list[int]  # what to emit, already clipped at EOS / budget
-    emitted: list[EmittedToken]
-    verdicts: list[str]
-    target_p: list[float | None]
-    draws: list[float | None]
+    tokens: list[int] = field(default_factory=list)  # what to emit, already clipped at EOS / budget
 
 
 def verify_chain(
@@ -222,7 +247,7 @@ def verify_chain(
     if len(tokens) > kept:
         emitted.append(EmittedToken(tokens[kept], verdict.next_origin if k else AUTOREGRESSIVE, p_next))
     draws = verdict.draws + [None] * (k - len(verdict.draws))
-    return ChainResult(tokens, emitted, verdicts, p_list, draws)
+    return ChainResult(emitted, verdicts, p_list, draws, tokens)
 
 
 def verify_tree(ctx: DecodeContext, logits: torch.Tensor, tokens: list[int], parents: list[int]):
@@ -236,17 +261,9 @@ def verify_tree(ctx: DecodeContext, logits: torch.Tensor, tokens: list[int], par
     return verify_tree_sampling(p_target, tokens, parents, ctx.generator), p_target
 
 
-@dataclass
-class TreeRecord:
-    """A verified tree's trace entries (the strategy adds its DraftTokens)."""
-
-    verdicts: list[str]
-    target_p: list[float | None]
-    draws: list[float | None]
-    emitted: list[EmittedToken]
-
-
-def record_tree(verdict: TreeVerdict, p_target, tokens: list[int], parents: list[int], emitted_ids: list[int]):
+def record_tree(
+    verdict: TreeVerdict, p_target, tokens: list[int], parents: list[int], emitted_ids: list[int]
+) -> Outcome:
     """Verdicts, p and draws per node, and the emitted tokens (accepted path, then the target's
     own token), for a tree verdict whose emission `emitted_ids` may have been cut at EOS/budget."""
     kept = verdict.path[: len(emitted_ids)]
@@ -265,8 +282,48 @@ def record_tree(verdict: TreeVerdict, p_target, tokens: list[int], parents: list
         p_next = None if p_target is None else float(p_target[row, verdict.next_token])
         emitted.append(EmittedToken(verdict.next_token, verdict.next_origin if tokens else AUTOREGRESSIVE, p_next))
     draws = [verdict.draws.get(i) for i in range(len(tokens))]
-    return TreeRecord(verdicts, target_p, draws, emitted)
+    return Outcome(emitted, verdicts, target_p, draws)
 
 
 def chain_drafts(ids: list[int], source: str, q: list[float | None]) -> list[DraftToken]:
     return [DraftToken(t, source, qi) for t, qi in zip(ids, q, strict=True)]
+
+
+DRAFT, VERIFY = "draft", "verify"
+
+
+class StepRecorder:
+    """A strategy's steps as they happen: owns the clock readings and the step index, and builds
+    each Step. `mark(phase)` gives the time since the previous mark (or the start) to a phase."""
+
+    def __init__(self, clock: Clock):
+        self.clock = clock
+        self.index = 0  # of the step being recorded
+
+    def start(self) -> None:
+        self._start = self._last = self.clock.now()
+        self._phases = {DRAFT: 0.0, VERIFY: 0.0}
+
+    def mark(self, phase: str) -> None:
+        now = self.clock.now()
+        self._phases[phase] += now - self._last
+        self._last = now
+
+    def step(self, outcome: Outcome, **fields: Any) -> Step:
+        """Close the step: its Step, with the outcome, the phases' times and `fields` (counts,
+        drafted tokens, extra). One target forward unless `target_forwards` says otherwise."""
+        end = self.clock.now()
+        fields.setdefault("target_forwards", 1)
+        step = Step(
+            index=self.index,
+            emitted=outcome.emitted,
+            verdicts=outcome.verdicts,
+            target_p=outcome.target_p,
+            draws=outcome.draws,
+            draft_s=self._phases[DRAFT],
+            verify_s=self._phases[VERIFY],
+            step_s=end - self._start,
+            **fields,
+        )
+        self.index += 1
+        return step

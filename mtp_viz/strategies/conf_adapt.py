@@ -23,7 +23,7 @@ import torch
 
 from mtp_viz.cache import CachedModel
 from mtp_viz.errors import UserError
-from mtp_viz.strategies.base import DecodeContext, StrategySpec, check_settings, setting
+from mtp_viz.strategies.base import VERIFY, DecodeContext, Outcome, StepRecorder, StrategySpec, check_settings, setting
 from mtp_viz.strategies.mtp_heads import propose
 from mtp_viz.trace import AUTOREGRESSIVE, UNVERIFIED, EmittedToken, Step
 
@@ -96,9 +96,9 @@ def run(ctx: DecodeContext, settings: ConfAdaptSettings) -> Iterator[Step]:
     if not heads and settings.mask_layout == OFFSET and hasattr(ctx.target, "mtp_mask_spec"):
         raise UserError("this mask-token adapter has one mask id: use mask_layout=repeat")
     target = CachedModel(ctx.target, ctx.vocab_size)
-    index = 0
+    steps = StepRecorder(ctx.clock)
     while not ctx.done:
-        start = ctx.clock.now()
+        steps.start()
         k = min(settings.k, ctx.remaining)
         fed = len(ctx.seq) - target.length + (0 if heads else k - 1)
         # predict: k tokens from one target forward (the first is ordinary next-token prediction)
@@ -106,7 +106,7 @@ def run(ctx: DecodeContext, settings: ConfAdaptSettings) -> Iterator[Step]:
             tokens, confidence = predict_with_heads(ctx, target, k)
         else:
             tokens, confidence = predict_with_masks(ctx, target, k, settings.mask_layout)
-        predicted = ctx.clock.now()
+        steps.mark(VERIFY)
         # emit: the confident prefix (or all k), cut after EOS and at the budget; no verification
         emitted_ids = ctx.clip(tokens[: emit_count(confidence, settings.tau, settings.mode == FIXED)])
         ctx.output.extend(emitted_ids)
@@ -114,18 +114,12 @@ def run(ctx: DecodeContext, settings: ConfAdaptSettings) -> Iterator[Step]:
             EmittedToken(t, AUTOREGRESSIVE if i == 0 else UNVERIFIED, confidence=None if i == 0 else confidence[i])
             for i, t in enumerate(emitted_ids)
         ]
-        end = ctx.clock.now()
-        yield Step(
-            index=index,
-            emitted=emitted,
-            verify_s=predicted - start,
-            step_s=end - start,
-            target_forwards=1,
+        yield steps.step(
+            Outcome(emitted),
             input_tokens=fed,
             kv_len=target.length,
             extra={"predicted": tokens, "confidence": confidence, "tau": settings.tau, "heads": heads},
         )
-        index += 1
 
 
 SPEC = StrategySpec(

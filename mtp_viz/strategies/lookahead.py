@@ -26,7 +26,17 @@ from dataclasses import dataclass
 import torch
 
 from mtp_viz.cache import CachedModel, node_depths, tree_visibility
-from mtp_viz.strategies.base import DecodeContext, StrategySpec, check_settings, record_tree, setting, verify_tree
+from mtp_viz.strategies.base import (
+    DRAFT,
+    VERIFY,
+    DecodeContext,
+    StepRecorder,
+    StrategySpec,
+    check_settings,
+    record_tree,
+    setting,
+    verify_tree,
+)
 from mtp_viz.trace import DraftToken, Step
 
 NAME = "lookahead"
@@ -116,51 +126,40 @@ def run(ctx: DecodeContext, settings: LookaheadSettings) -> Iterator[Step]:
         p = ctx.prompt_ids
         for i in range(len(p) - settings.level + 1):
             pool.add(p[i], tuple(p[i + 1 : i + settings.level]), PROMPT)
-    index = 0
+    steps = StepRecorder(ctx.clock)
     while not ctx.done:
-        start = ctx.clock.now()
+        steps.start()
         seq = ctx.seq
         cur = seq[-1]
         # propose: pool n-grams that follow the current token, merged into a tree
-        hits = pool.candidates(cur)[: settings.guess] if index > 0 else []
+        hits = pool.candidates(cur)[: settings.guess] if steps.index > 0 else []
         tokens, parents, origins = trie(hits, ctx.remaining - 1)
         extra = [t for level in window for t in level] + tokens
         offsets = slot_offsets + node_depths(parents)
         seen = torch.block_diag(slot_seen, tree_visibility(parents))
-        drafted = ctx.clock.now()
+        steps.mark(DRAFT)
         # verify: one forward over cur, the Jacobi window and the candidate tree
         fed = len(seq) - target.length + len(extra)
         logits, _ = target.forward_hidden(seq, extra, offsets, seen)  # (1 + slots + nodes, V)
-        verified = ctx.clock.now()
+        steps.mark(VERIFY)
         # accept: the longest candidate path the target agrees with (rows: root, then nodes)
         verdict, p_target = verify_tree(ctx, torch.cat([logits[:1], logits[1 + len(slots) :]]), tokens, parents)
         # Jacobi: the last level's outputs are the new level; harvest n-grams; shift the window
         new = logits[[1 + i for i, (lv, _) in enumerate(slots) if lv == n_levels - 1]].argmax(-1).tolist()
-        if index >= n_levels - 1:  # by now every level holds Jacobi outputs, not the random start
+        if steps.index >= n_levels - 1:  # by now every level holds Jacobi outputs, not the random start
             harvest(pool, cur, window, new)
         window = [window[1][1:], *window[2:], new]
         # commit: the accepted candidates' key/values stay, the window's go
         emitted_ids = ctx.clip([tokens[i] for i in verdict.path] + [verdict.next_token])
         ctx.output.extend(emitted_ids)
         target.keep(len(seq), [len(slots) + i for i in verdict.path[: len(emitted_ids) - 1]])
-        rec = record_tree(verdict, p_target, tokens, parents, emitted_ids)
-        end = ctx.clock.now()
-        yield Step(
-            index=index,
-            emitted=rec.emitted,
+        yield steps.step(
+            record_tree(verdict, p_target, tokens, parents, emitted_ids),
             drafted=[DraftToken(t, o, 1.0, parent=par) for t, o, par in zip(tokens, origins, parents, strict=True)],
-            verdicts=rec.verdicts,
-            target_p=rec.target_p,
-            draws=rec.draws,
-            draft_s=drafted - start,
-            verify_s=verified - drafted,
-            step_s=end - start,
-            target_forwards=1,
             input_tokens=fed,
             kv_len=target.length,
             extra={"window": [list(level) for level in window], "pool_size": len(pool), "hits": len(hits)},
         )
-        index += 1
 
 
 SPEC = StrategySpec(

@@ -28,13 +28,21 @@ adapters trained here) leaves them untouched, so no second model is needed.
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import torch
-
 from mtp_viz.cache import CachedModel
 from mtp_viz.drafters.mask import MASK_ONLY
 from mtp_viz.errors import UserError
-from mtp_viz.sampling import probs_from_logits, sample
-from mtp_viz.strategies.base import DecodeContext, StrategySpec, chain_drafts, check_settings, setting, verify_chain
+from mtp_viz.strategies.base import (
+    DRAFT,
+    VERIFY,
+    DecodeContext,
+    StepRecorder,
+    StrategySpec,
+    chain_drafts,
+    check_settings,
+    draft_tokens,
+    setting,
+    verify_chain,
+)
 from mtp_viz.trace import BONUS, VERDICT_ACCEPTED, Step
 
 NAME = "mask_spec"
@@ -62,30 +70,14 @@ def check_model(ctx: DecodeContext) -> None:
         )
 
 
-def draft_from_masks(ctx: DecodeContext, mask_logits: torch.Tensor) -> tuple[list[int], torch.Tensor | None, list]:
-    """The next guesses from the masks' logits (n, V): argmax, or draws from the warped
-    distributions (returned as q (n, V) for the next verification); and each guess's q."""
-    if ctx.warp.greedy:
-        ids = mask_logits.argmax(-1).tolist()
-        q = (
-            torch.softmax(mask_logits, -1)[torch.arange(len(ids)), ids].tolist()
-            if ctx.record_probs
-            else [None] * len(ids)
-        )
-        return ids, None, q
-    q_draft = probs_from_logits(mask_logits, ctx.warp)  # (n, V)
-    ids = [sample(row, ctx.generator) for row in q_draft]
-    return ids, q_draft, [float(q_draft[i, t]) for i, t in enumerate(ids)]
-
-
 def run(ctx: DecodeContext, settings: MaskSpecSettings) -> Iterator[Step]:
     check_model(ctx)
     target = CachedModel(ctx.target, ctx.vocab_size)
     guesses: list[int] = []  # drafted by the last step's masks, verified by this step
     q_draft, q = None, []
-    index = 0
+    steps = StepRecorder(ctx.clock)
     while not ctx.done:
-        start = ctx.clock.now()
+        steps.start()
         keep = max(0, min(len(guesses), ctx.remaining - 1))  # never verify past the budget
         guesses, q = guesses[:keep], q[:keep]
         q_draft = None if q_draft is None else q_draft[:keep]
@@ -99,42 +91,30 @@ def run(ctx: DecodeContext, settings: MaskSpecSettings) -> Iterator[Step]:
             logits = target.forward_branches(ctx.seq + guesses, branches, logits_to_keep=1 + len(guesses))
         else:
             logits = target.forward(ctx.seq + guesses + block, logits_to_keep=1 + len(guesses) + len(block))
-        verified = ctx.clock.now()
+        steps.mark(VERIFY)
         # accept: the longest acceptable prefix of the guesses, then the model's own token
         result = verify_chain(ctx, logits[: len(guesses) + 1], guesses, q_draft)
         drafted = chain_drafts(guesses, MASK_SOURCE, q)
-        verdicts, target_p, draws = result.verdicts, result.target_p, result.draws
         # commit: extend the output; the rejected guesses' and the masks' key/values go
         ctx.output.extend(result.tokens)
         cropped = list(range(len(ctx.seq) - 1, target.length))
         target.rollback(len(ctx.seq) - 1)
         # draft: from the block that assumed what was committed (chained: only if every guess was)
-        taken = sum(v == VERDICT_ACCEPTED for v in verdicts)  # guesses accepted = the block to read
+        taken = result.verdicts.count(VERDICT_ACCEPTED)  # guesses accepted = the block to read
         first = len(guesses) + 1 + (taken * len(block) if settings.branches else 0)
         all_taken = bool(result.emitted) and result.emitted[-1].origin == BONUS or not guesses
         next_guesses, q_draft, q = (
-            draft_from_masks(ctx, logits[first : first + len(block)])
-            if settings.branches or all_taken
-            else ([], None, [])
+            draft_tokens(ctx, logits[first : first + len(block)]) if settings.branches or all_taken else ([], None, [])
         )
-        end = ctx.clock.now()
-        yield Step(
-            index=index,
-            emitted=result.emitted,
+        steps.mark(DRAFT)
+        yield steps.step(
+            result,
             drafted=drafted,
-            verdicts=verdicts,
-            target_p=target_p,
-            draws=draws,
-            draft_s=end - verified,
-            verify_s=verified - start,
-            step_s=end - start,
-            target_forwards=1,
             input_tokens=fed,
             kv_len=target.length,
             extra={"masks": len(anchors) * len(block), "cropped_positions": cropped, "next_guesses": next_guesses},
         )
         guesses = next_guesses
-        index += 1
 
 
 SPEC = StrategySpec(

@@ -17,7 +17,17 @@ import torch
 from mtp_viz.cache import CachedModel, node_depths, tree_visibility
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.sampling import probs_from_logits, verify_tree_typical
-from mtp_viz.strategies.base import DecodeContext, StrategySpec, check_settings, record_tree, setting, verify_tree
+from mtp_viz.strategies.base import (
+    DRAFT,
+    VERIFY,
+    DecodeContext,
+    StepRecorder,
+    StrategySpec,
+    check_settings,
+    record_tree,
+    setting,
+    verify_tree,
+)
 from mtp_viz.trace import DraftToken, Step
 
 NAME = "mtp_heads"
@@ -117,18 +127,18 @@ def run(ctx: DecodeContext, settings: MTPHeadsSettings) -> Iterator[Step]:
     target = CachedModel(ctx.target, ctx.vocab_size)
     paths = settings.paths
     hidden = None  # the target's final hidden state that produced the last output token
-    index = 0
+    steps = StepRecorder(ctx.clock)
     while not ctx.done:
-        start = ctx.clock.now()
+        steps.start()
         seq = ctx.seq
         # propose: the heads guess a tree of continuations (nothing before the first token)
         shape = within_budget(paths, ctx.remaining - 1) if hidden is not None else []
         tokens, parents, q = propose(ctx.heads, hidden, seq[-1], shape) if shape else ([], [], [])
-        drafted = ctx.clock.now()
+        steps.mark(DRAFT)
         # verify: one target forward over the unseen tokens and every node, tree-masked
         fed = len(seq) - target.length + len(tokens)
         logits, hiddens = target.forward_hidden(seq, tokens, node_depths(parents), tree_visibility(parents))
-        verified = ctx.clock.now()
+        steps.mark(VERIFY)
         # accept: the longest root path the target agrees with, then its own token
         verdict, p_target = verify(ctx, logits, tokens, parents, settings)
         emitted_ids = ctx.clip([tokens[i] for i in verdict.path] + [verdict.next_token])
@@ -137,28 +147,17 @@ def run(ctx: DecodeContext, settings: MTPHeadsSettings) -> Iterator[Step]:
         target.keep(len(seq), verdict.path[: len(emitted_ids) - 1])
         row = verdict.path[len(emitted_ids) - 2] + 1 if len(emitted_ids) > 1 else 0
         hidden = hiddens[row]
-        rec = record_tree(verdict, p_target, tokens, parents, emitted_ids)
         depths = node_depths(parents)
-        end = ctx.clock.now()
-        yield Step(
-            index=index,
-            emitted=rec.emitted,
+        yield steps.step(
+            record_tree(verdict, p_target, tokens, parents, emitted_ids),
             drafted=[
                 DraftToken(t, f"head_{d}", qi, parent=par)
                 for t, qi, par, d in zip(tokens, q, parents, depths, strict=True)
             ],
-            verdicts=rec.verdicts,
-            target_p=rec.target_p,
-            draws=rec.draws,
-            draft_s=drafted - start,
-            verify_s=verified - drafted,
-            step_s=end - start,
-            target_forwards=1,
             input_tokens=fed,
             kv_len=target.length,
             extra={"tree": [list(p) for p in shape], "accepted_path": verdict.path[: len(emitted_ids) - 1]},
         )
-        index += 1
 
 
 SPEC = StrategySpec(

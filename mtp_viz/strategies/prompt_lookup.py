@@ -21,7 +21,17 @@ import numpy as np
 
 from mtp_viz.cache import CachedModel
 from mtp_viz.errors import InvalidSettingsError
-from mtp_viz.strategies.base import DecodeContext, StrategySpec, chain_drafts, check_settings, setting, verify_chain
+from mtp_viz.strategies.base import (
+    DRAFT,
+    VERIFY,
+    DecodeContext,
+    StepRecorder,
+    StrategySpec,
+    chain_drafts,
+    check_settings,
+    setting,
+    verify_chain,
+)
 from mtp_viz.trace import Step
 
 NAME = "prompt_lookup"
@@ -65,42 +75,32 @@ def find_draft(seq: np.ndarray, max_ngram_size: int, min_ngram_size: int, k: int
 
 def run(ctx: DecodeContext, settings: PromptLookupSettings) -> Iterator[Step]:
     target = CachedModel(ctx.target, ctx.vocab_size)
-    index = 0
+    steps = StepRecorder(ctx.clock)
     while not ctx.done:
-        start = ctx.clock.now()
+        steps.start()
         seq = ctx.seq
         k = min(settings.num_draft_tokens, ctx.remaining - 1)
         # propose: copy what followed the same n-gram earlier
         ids, n, match = (
             find_draft(np.asarray(seq), settings.max_ngram_size, settings.min_ngram_size, k) if k else ([], 0, -1)
         )
-        drafted = ctx.clock.now()
+        steps.mark(DRAFT)
         # verify: one target forward (a plain autoregressive one when nothing matched)
         fed = len(seq) + len(ids) - target.length
         logits = target.forward(seq + ids, logits_to_keep=len(ids) + 1)  # (len(ids)+1, V)
-        verified = ctx.clock.now()
+        steps.mark(VERIFY)
         # accept: the longest prefix the target agrees with, then its own token
         result = verify_chain(ctx, logits, ids, None)
         # commit
         ctx.output.extend(result.tokens)
         target.rollback(len(ctx.seq) - 1)
-        end = ctx.clock.now()
-        yield Step(
-            index=index,
-            emitted=result.emitted,
+        yield steps.step(
+            result,
             drafted=chain_drafts(ids, NGRAM_SOURCE, [1.0] * len(ids)),
-            verdicts=result.verdicts,
-            target_p=result.target_p,
-            draws=result.draws,
-            draft_s=drafted - start,
-            verify_s=verified - drafted,
-            step_s=end - start,
-            target_forwards=1,
             input_tokens=fed,
             kv_len=target.length,
             extra={"ngram_size": n, "match_start": match},
         )
-        index += 1
 
 
 SPEC = StrategySpec(

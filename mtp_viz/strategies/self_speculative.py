@@ -19,8 +19,18 @@ import torch
 from mtp_viz.cache import causal_after
 from mtp_viz.errors import UserError
 from mtp_viz.lean import lean_model, supports
-from mtp_viz.sampling import probs_from_logits, sample
-from mtp_viz.strategies.base import DecodeContext, StrategySpec, chain_drafts, check_settings, setting, verify_chain
+from mtp_viz.strategies.base import (
+    DRAFT,
+    VERIFY,
+    DecodeContext,
+    StepRecorder,
+    StrategySpec,
+    chain_drafts,
+    check_settings,
+    draft_tokens,
+    setting,
+    verify_chain,
+)
 from mtp_viz.trace import Step
 
 NAME = "self_speculative"
@@ -91,63 +101,48 @@ def propose(ctx: DecodeContext, model: SplitModel, root: int, k: int):
     for _ in range(k):
         h = model.lower([token])  # (1, H)
         states.append(h)
-        logits = model.logits(h)[0]  # (V,)
-        if ctx.warp.greedy:
-            token = int(torch.argmax(logits))
-            q.append(float(torch.softmax(logits, -1)[token]) if ctx.record_probs else None)
-        else:
-            probs = probs_from_logits(logits, ctx.warp)
-            token = sample(probs, ctx.generator)
-            dists.append(probs)
-            q.append(float(probs[token]))
+        guess, q_draft, q_token = draft_tokens(ctx, model.logits(h))
+        token = guess[0]
         ids.append(token)
-    states.append(model.lower([token]) if k else model.lower([root]))  # the last guess through the early layers too
-    return ids, (torch.stack(dists) if dists else None), q, torch.cat(states[: k + 1])
+        q += q_token
+        if q_draft is not None:
+            dists.append(q_draft)
+    states.append(model.lower([token]))  # the last guess (or the root) through the early layers too
+    return ids, (torch.cat(dists) if dists else None), q, torch.cat(states)
 
 
 def run(ctx: DecodeContext, settings: SelfSpeculativeSettings) -> Iterator[Step]:
     model = SplitModel(ctx.target, settings.exit_layer, ctx.vocab_size)
-    index = 0
+    steps = StepRecorder(ctx.clock)
     while not ctx.done:
-        start = ctx.clock.now()
+        steps.start()
         seq = ctx.seq
-        if index == 0:  # prefill: the prompt through every layer, no draft yet
+        if steps.index == 0:  # prefill: the prompt through every layer, no draft yet
             ids, q_draft, q = [], None, []
-            drafted = ctx.clock.now()
             logits = model.upper(model.lower(seq))[-1:]  # (1, V)
             fed = len(seq)
         else:
             k = min(settings.num_draft_tokens, ctx.remaining - 1)
             # propose: the early exit guesses k tokens, leaving their layer-L states behind
             ids, q_draft, q, states = propose(ctx, model, seq[-1], k)
-            drafted = ctx.clock.now()
+            steps.mark(DRAFT)
             # verify: the late layers score root + guesses in one pass from those states
             logits = model.upper(states)  # (k+1, V)
             fed = k + 1
-        verified = ctx.clock.now()
+        steps.mark(VERIFY)
         # accept: the longest acceptable prefix, then the target's own token
         result = verify_chain(ctx, logits, ids, q_draft)
         # commit: both stacks keep the accepted tokens' key/values
         ctx.output.extend(result.tokens)
         model.crop(len(ctx.seq) - 1)
-        end = ctx.clock.now()
-        yield Step(
-            index=index,
-            emitted=result.emitted,
+        yield steps.step(
+            result,
             drafted=chain_drafts(ids, EXIT_SOURCE, q),
-            verdicts=result.verdicts,
-            target_p=result.target_p,
-            draws=result.draws,
-            draft_s=drafted - start,
-            verify_s=verified - drafted,
-            step_s=end - start,
-            target_forwards=1,
             draft_forwards=len(ids),
             input_tokens=fed,
             kv_len=model.upper_len,
             extra={"draft_len": len(ids), "exit_layer": settings.exit_layer},
         )
-        index += 1
 
 
 SPEC = StrategySpec(

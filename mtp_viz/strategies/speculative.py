@@ -18,8 +18,18 @@ from dataclasses import dataclass
 import torch
 
 from mtp_viz.cache import CachedModel
-from mtp_viz.sampling import probs_from_logits, sample
-from mtp_viz.strategies.base import DecodeContext, StrategySpec, chain_drafts, check_settings, setting, verify_chain
+from mtp_viz.strategies.base import (
+    DRAFT,
+    VERIFY,
+    DecodeContext,
+    StepRecorder,
+    StrategySpec,
+    chain_drafts,
+    check_settings,
+    draft_tokens,
+    setting,
+    verify_chain,
+)
 from mtp_viz.trace import VERDICT_ACCEPTED, Step
 
 NAME = "speculative"
@@ -63,19 +73,15 @@ def propose(
     dists = []
     q: list[float | None] = []
     for _ in range(k):
-        logits = draft.forward(seq + ids)[-1]  # (V,)
-        probs = probs_from_logits(logits, ctx.warp) if not ctx.warp.greedy or stop_below or ctx.record_probs else None
-        if ctx.warp.greedy:
-            token = int(torch.argmax(logits))
-            q.append(float(probs[token]) if ctx.record_probs else None)
-        else:
-            token = sample(probs, ctx.generator)
-            dists.append(probs)
-            q.append(float(probs[token]))
-        ids.append(token)
-        if stop_below and float(probs.max()) < stop_below:
+        logits = draft.forward(seq + ids)[-1:]  # (1, V)
+        token, q_draft, q_token = draft_tokens(ctx, logits)
+        ids += token
+        q += q_token
+        if q_draft is not None:
+            dists.append(q_draft)
+        if stop_below and float((torch.softmax(logits, -1) if q_draft is None else q_draft).max()) < stop_below:
             break
-    return ids, (torch.stack(dists) if dists else None), q
+    return ids, (torch.cat(dists) if dists else None), q
 
 
 def run(ctx: DecodeContext, settings: SpeculativeSettings) -> Iterator[Step]:
@@ -83,19 +89,19 @@ def run(ctx: DecodeContext, settings: SpeculativeSettings) -> Iterator[Step]:
     draft = CachedModel(ctx.draft, ctx.vocab_size)
     length = settings.num_draft_tokens
     stop_below = settings.confidence_threshold if settings.schedule == CONFIDENCE else 0.0
-    index = 0
+    steps = StepRecorder(ctx.clock)
     while not ctx.done:
-        start = ctx.clock.now()
+        steps.start()
         draft_forwards = draft.forwards
         k = min(length, ctx.remaining - 1)  # never draft past the budget
         # propose: the draft guesses up to k tokens
         ids, q_draft, q = propose(ctx, draft, k, stop_below)
         k = len(ids)
-        drafted = ctx.clock.now()
+        steps.mark(DRAFT)
         # verify: one target forward scores every prefix of the guess
         fed = len(ctx.seq) + k - target.length
         logits = target.forward(ctx.seq + ids, logits_to_keep=k + 1)  # (k+1, V)
-        verified = ctx.clock.now()
+        steps.mark(VERIFY)
         # accept: keep the longest acceptable prefix, then the target's own token
         result = verify_chain(ctx, logits, ids, q_draft)
         length = next_length(settings, length, k, result.verdicts.count(VERDICT_ACCEPTED))
@@ -103,24 +109,14 @@ def run(ctx: DecodeContext, settings: SpeculativeSettings) -> Iterator[Step]:
         ctx.output.extend(result.tokens)
         target.rollback(len(ctx.seq) - 1)
         draft.rollback(len(ctx.seq) - 1)
-        end = ctx.clock.now()
-        yield Step(
-            index=index,
-            emitted=result.emitted,
+        yield steps.step(
+            result,
             drafted=chain_drafts(ids, DRAFT_SOURCE, q),
-            verdicts=result.verdicts,
-            target_p=result.target_p,
-            draws=result.draws,
-            draft_s=drafted - start,
-            verify_s=verified - drafted,
-            step_s=end - start,
-            target_forwards=1,
             draft_forwards=draft.forwards - draft_forwards,
             input_tokens=fed,
             kv_len=target.length,
             extra={"draft_len": k},
         )
-        index += 1
 
 
 SPEC = StrategySpec(
