@@ -9,7 +9,7 @@ CACHE_ENV = "MTP_VIZ_CACHE"  # overrides the cache folder (default ~/.cache/mtp-
 PACKAGE = Path(__file__).resolve().parent
 REPO = PACKAGE.parent
 ASSETS = REPO / "assets"  # example traces, bench results and serving sweeps the app ships
-DOCS = REPO / "docs"  # shipped profiles (profile-*.json) beside the prose that cites them
+PROFILES = REPO / "docs" / "results"  # shipped profiles (profile-*.json), with the docs' other measurements
 
 
 def cache_root() -> Path:

@@ -186,15 +186,47 @@ def exit_agreement(model, sequences: list[tuple[list[int], int]]) -> dict[int, f
     return {layer: n / max(1, total) for layer, n in agree.items()}
 
 
+MAX_PROFILE_BYTES = 8 * 2**20  # a profile file above this is refused (an upload)
+NOT_A_PROFILE = "not a profile: expected the JSON that `python -m mtp_viz profile` writes"
+
+
+@dataclass(frozen=True)
+class ProfileView:
+    """A profile file as the views read it."""
+
+    curve: dict[int, float]  # verify cost: k → time of k tokens / one token ({}: not measured)
+    exits: dict[int, float] | None  # early-exit agreement by layer, where measured
+    label: str  # the machine it was measured on
+    batch_cost: dict[int, dict[int, float]] | None  # B → k → relative cost, where measured
+    c: float | None  # draft / target cost, where a draft was measured
+
+
+def read_profile(path: str | Path | None) -> ProfileView | None:
+    """A profile (`python -m mtp_viz profile`, or the app's measurement of this machine); None: no file."""
+    if not path:
+        return None
+    try:
+        if Path(path).stat().st_size > MAX_PROFILE_BYTES:
+            raise UserError("that profile file is too large")
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        cost = data.get("batch_cost") or {}
+        view = ProfileView(
+            curve={int(k): float(v) for k, v in (data.get("verify_cost") or {}).items()},
+            exits={int(k): float(v) for k, v in (data.get("exit_agreement") or {}).items()} or None,
+            label=machine_label(data["machine"]) if data.get("machine") else "machine not recorded",
+            batch_cost={int(b): {int(k): float(v) for k, v in row.items()} for b, row in cost.items()} or None,
+            c=data.get("c"),
+        )
+    except UserError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise UserError(NOT_A_PROFILE) from None
+    if not view.curve and view.batch_cost is None:  # neither measurement: some other JSON
+        raise UserError(NOT_A_PROFILE)
+    return view
+
+
 def read_batch_profile(path: Path | None) -> tuple[dict[int, dict[int, float]] | None, float | None, str]:
     """(B → k → relative cost, c, machine label) of a profile; None where it has no B × k timings."""
-    if path is None:
-        return None, None, "no profile"
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        cost = data.get("batch_cost")
-        batch = {int(b): {int(k): float(v) for k, v in row.items()} for b, row in cost.items()} if cost else None
-        label = machine_label(data["machine"]) if data.get("machine") else "machine not recorded"
-        return batch, data.get("c"), label
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        raise UserError("not a profile: expected the JSON that `python -m mtp_viz profile` writes") from None
+    view = read_profile(path)
+    return (view.batch_cost, view.c, view.label) if view else (None, None, "no profile")

@@ -9,10 +9,13 @@ import numpy as np
 import torch
 from scipy import stats
 
-from mtp_viz.errors import InvalidSettingsError
+from mtp_viz.errors import InvalidSettingsError, UserError
+from mtp_viz.models import load_model
 from mtp_viz.runner import Run
 from mtp_viz.sampling import probs_from_logits
+from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.base import GenerationSettings
+from mtp_viz.trace import Trace
 
 ALPHA = 1e-3  # significance level of the verdicts
 MIN_EXPECTED = 5.0  # cells expected fewer times are pooled, as chi-square tests require
@@ -228,3 +231,26 @@ def lossless_verdict(reference, other, model=None) -> str:
         return f"differs from autoregressive at token {i} (load the target model to diagnose)"
     d = diagnose_divergence(model, reference.prompt_token_ids, reference.output_token_ids, other.output_token_ids)
     return d.explain()
+
+
+LOSSY = "lossy by design: quality is measured, not assumed"
+
+
+def verdicts(traces: list[Trace]) -> dict[str, str]:
+    """strategy → one line, for the runs after the first (autoregressive, the reference): a
+    lossless strategy's `lossless_verdict`, with the target loaded to diagnose a departure where
+    this machine can load it; a lossy one said to be so."""
+    reference = traces[0]
+    model = None
+    out = {}
+    for t in traces[1:]:
+        if STRATEGIES[t.strategy].is_lossless(t.settings):
+            if model is None and t.output_token_ids != reference.output_token_ids:
+                try:
+                    model = load_model(reference.model).model
+                except UserError:  # an uploaded trace of a model this machine cannot load
+                    model = None
+            out[t.strategy] = lossless_verdict(reference, t, model)
+        else:
+            out[t.strategy] = LOSSY
+    return out

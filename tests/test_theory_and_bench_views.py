@@ -10,12 +10,12 @@ from conftest import tiny_model
 
 from mtp_viz.errors import UserError
 from mtp_viz.models import early_exit_view
-from mtp_viz.profile import exit_agreement
+from mtp_viz.profile import exit_agreement, read_profile
 from mtp_viz.theory import measured_point
 from mtp_viz.trace import Trace
-from mtp_viz.ui.bench_tab import example_results, read_summary, views
-from mtp_viz.ui.explore import example_traces
-from mtp_viz.ui.theory_tab import numbers_html, points_from, read_profile, shipped_profiles
+from mtp_viz.ui.bench_tab import views
+from mtp_viz.ui.results import example_results, example_traces, read_summary, shipped_profiles
+from mtp_viz.ui.theory_tab import numbers_html, points_from
 from mtp_viz.viz import figures
 
 
@@ -180,7 +180,7 @@ def test_shipped_bench_results_and_profile_load_in_the_tabs():
 
 
 def test_bench_results_name_their_machine(tmp_path):
-    from mtp_viz.ui.bench_tab import measured_on
+    from mtp_viz.ui.results import measured_on
 
     csv = tmp_path / "summary.csv"
     assert "not recorded" in measured_on(csv)

@@ -13,7 +13,7 @@ from mtp_viz.errors import InvalidSettingsError, InvalidTraceError, UserError
 from mtp_viz.quality import diagnose_divergence, lossless_verdict
 from mtp_viz.runner import Run
 from mtp_viz.ui import service
-from mtp_viz.ui.compare import MAX_COMPARED, comparison_requests
+from mtp_viz.ui.service import MAX_COMPARED, comparison_requests
 
 
 def test_build_request_keeps_only_the_strategy_settings(use_tiny_registry):
@@ -144,7 +144,7 @@ def test_lossless_verdict_lines(use_tiny_registry):
 
 
 def test_uploaded_traces_compare_with_autoregressive_first(use_tiny_registry, tmp_path):
-    from mtp_viz.ui.compare import uploaded_comparison
+    from mtp_viz.ui.service import uploaded_comparison
 
     paths = []
     for s in ("prompt_lookup", "autoregressive"):
@@ -204,8 +204,8 @@ def test_finished_and_stopped_runs_free_their_caches(use_tiny_registry, monkeypa
 
 def test_measure_this_machine_writes_a_labelled_profile_and_stops_when_closed(use_tiny_registry, tmp_path, monkeypatch):
     monkeypatch.setenv("MTP_VIZ_CACHE", str(tmp_path))
+    from mtp_viz.profile import read_profile
     from mtp_viz.ui import service
-    from mtp_viz.ui.theory_tab import read_profile
 
     updates = list(service.measure_machine())
     done, total, path = updates[-1]

@@ -5,19 +5,16 @@ Nothing heavy happens at import or build time: models load on the first run that
 
 import gradio as gr
 
-from mtp_viz.deploy import deploy_costs
 from mtp_viz.errors import UserError
 from mtp_viz.models import resolve_device
 from mtp_viz.registry import load_registry
-from mtp_viz.trace import Trace
 from mtp_viz.ui import service
 from mtp_viz.ui.bench_tab import build_bench
-from mtp_viz.ui.compare import build_compare, comparison_requests, verdicts
+from mtp_viz.ui.compare import build_compare
 from mtp_viz.ui.deploy_tab import build_deploy
 from mtp_viz.ui.explore import build_explore
 from mtp_viz.ui.gpu import on_gpu
 from mtp_viz.ui.theory_tab import build_theory
-from mtp_viz.viz.tables import metrics_table
 
 TITLE = "mtp-viz"
 INTRO = (
@@ -50,21 +47,10 @@ def api_run(
     what happened)."""
     named = {"num_draft_tokens": num_draft_tokens, "max_ngram_size": max_ngram_size, "min_ngram_size": min_ngram_size}
     named = {k: v for k, v in named.items() if v is not None}  # given on purpose: the strategy must have them
+    generation = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     try:
-        request = service.build_request(
-            prompt,
-            model,
-            strategy,
-            draft,
-            max_new_tokens,
-            temperature,
-            top_k,
-            top_p,
-            seed,
-            raw,
-            {**named, **service.parse_settings(settings)},
-            compile,
-        )
+        settings = {**named, **service.parse_settings(settings)}
+        request = service.build_request(prompt, model, strategy, draft, raw, settings, compile, **generation)
         return service.run_to_end(request).to_dict()
     except UserError as e:
         raise gr.Error(str(e)) from None
@@ -82,24 +68,16 @@ def api_compare(
     num_draft_tokens: int | None = None,
 ) -> dict:
     """Autoregressive plus the given strategies on one prompt; returns traces, metrics and verdicts."""
+    request = dict(prompt=prompt, model=model, draft=draft, num_draft_tokens=num_draft_tokens)
+    generation = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     try:
-        requests = comparison_requests(
-            strategies,
-            prompt=prompt,
-            model=model,
-            draft=draft,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            seed=seed,
-            num_draft_tokens=num_draft_tokens,
-        )
-        traces: list[Trace] = [service.run_to_end(r) for r in requests]
+        *_, (_, _, result) = service.compare(strategies, **request, **generation)
     except UserError as e:
         raise gr.Error(str(e)) from None
     return {
-        "traces": [t.to_dict() for t in traces],
-        "metrics": metrics_table(traces, baseline=traces[0], costs=deploy_costs(traces)).to_dict(orient="records"),
-        "verdicts": verdicts(traces),
+        "traces": [t.to_dict() for t in result.traces],
+        "metrics": result.metrics.to_dict(orient="records"),
+        "verdicts": result.verdicts,
     }
 
 

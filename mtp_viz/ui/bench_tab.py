@@ -1,57 +1,14 @@
 """The Benchmark tab: a `python -m mtp_viz bench` results folder (shipped examples, or an uploaded
 summary.csv) as tables and plots: speedup and accepted tokens by category, speed against quality."""
 
-import json
-from pathlib import Path
-
 import gradio as gr
 import pandas as pd
 
 from mtp_viz.errors import UserError
-from mtp_viz.machine import describe
-from mtp_viz.registry import load_registry
-from mtp_viz.ui import notes, service
+from mtp_viz.ui import notes
+from mtp_viz.ui.results import example_results, measured_on, read_summary
 from mtp_viz.viz import figures
 from mtp_viz.viz.tables import bench_table
-
-EXAMPLE_RESULTS = Path(__file__).resolve().parent.parent.parent / "assets" / "bench"
-REQUIRED = ("category", "strategy", "tokens_per_s", "speedup", "mean_accepted_tokens", "agreement")
-
-
-def example_results() -> dict[str, Path]:
-    return {p.parent.name: p for p in sorted(EXAMPLE_RESULTS.glob("*/summary.csv"))}
-
-
-def read_summary(path: str | Path) -> pd.DataFrame:
-    if Path(path).stat().st_size > service.MAX_TRACE_BYTES:
-        raise UserError("that file is too large for a bench summary")
-    try:
-        summary = pd.read_csv(path)
-    except (ValueError, UnicodeDecodeError, pd.errors.ParserError):
-        raise UserError("not a CSV file: upload the summary.csv that `python -m mtp_viz bench` writes") from None
-    missing = [c for c in REQUIRED if c not in summary.columns]
-    if missing:
-        raise UserError(f"not a bench summary: columns {', '.join(missing)} are missing")
-    return summary
-
-
-def measured_on(path: str | Path) -> str:
-    """Which machine a results folder was measured on (its summary.json), for the tab's caption."""
-    record = Path(path).with_name("summary.json")
-    try:
-        machine = json.loads(record.read_text(encoding="utf-8")).get("machine") or {}
-    except (OSError, ValueError, AttributeError):
-        machine = {}
-    return f"Measured on {describe(machine)}." if machine else "The machine these results came from is not recorded."
-
-
-def results_model(path: str | Path) -> str:
-    """The model a results folder was measured on (its summary.json; older ones: the CPU default)."""
-    try:
-        model = json.loads(Path(path).with_name("summary.json").read_text(encoding="utf-8")).get("model")
-    except (OSError, ValueError, AttributeError):
-        model = None
-    return model or load_registry().default_for("cpu")
 
 
 def views(summary: pd.DataFrame, strategies: list[str] | None = None):

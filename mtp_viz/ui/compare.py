@@ -5,49 +5,20 @@ import html
 
 import gradio as gr
 
-from mtp_viz.deploy import deploy_costs
 from mtp_viz.errors import UserError
 from mtp_viz.models import load_model
-from mtp_viz.quality import check_distribution, lossless_verdict
+from mtp_viz.quality import check_distribution
 from mtp_viz.registry import Registry
 from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.speculative import MAX_DRAFT_TOKENS
 from mtp_viz.trace import Trace
 from mtp_viz.ui import notes, service
 from mtp_viz.ui.gpu import on_gpu
+from mtp_viz.ui.service import MAX_COMPARED, Comparison
 from mtp_viz.viz import figures
-from mtp_viz.viz.tables import metrics_table
 from mtp_viz.viz.tokens import tokens_html
 
-MAX_COMPARED = 4  # autoregressive + 3 others
 MAX_DISTRIBUTION_SAMPLES = 1000
-
-
-def comparison_requests(strategies: list[str], **values):
-    """Autoregressive first, then the chosen strategies, all with the same prompt and settings."""
-    chosen = ["autoregressive"] + [s for s in dict.fromkeys(strategies) if s != "autoregressive"]
-    if len(chosen) > MAX_COMPARED:
-        raise UserError(f"compare at most {MAX_COMPARED - 1} strategies beside autoregressive")
-    if len(chosen) < 2:
-        raise UserError("pick at least one strategy to compare with autoregressive")
-    return [service.build_request(strategy=s, **values) for s in chosen]
-
-
-def verdicts(traces: list[Trace]) -> dict[str, str]:
-    reference = traces[0]
-    model = None
-    out = {}
-    for t in traces[1:]:
-        if STRATEGIES[t.strategy].is_lossless(t.settings):
-            if model is None and t.output_token_ids != reference.output_token_ids:
-                try:
-                    model = load_model(reference.model).model
-                except UserError:  # an uploaded trace of a model this machine cannot load
-                    model = None
-            out[t.strategy] = lossless_verdict(reference, t, model)
-        else:
-            out[t.strategy] = "lossy by design: quality is measured, not assumed"
-    return out
 
 
 def verdicts_html(v: dict[str, str]) -> str:
@@ -66,29 +37,11 @@ def token_views(traces: list[Trace]) -> list:
     return views
 
 
-def comparison_views(traces: list[Trace], live: bool = True):
-    """Token views, metrics table, speedup bars, verdicts and trace files for a finished comparison.
-    Live runs also show what each strategy costs to deploy (from the models they just loaded);
-    uploaded traces do not, so that opening one never loads, let alone downloads, a model."""
-    views = token_views(traces)
-    base = traces[0]
-    table = metrics_table(traces, baseline=base, costs=deploy_costs(traces) if live else None)
-    speed = figures.speedup_bars([t.strategy for t in traces], list(table["speedup"]))
-    files = [service.trace_file(t) for t in traces]
-    return (*views, table, speed, verdicts_html(verdicts(traces)), files)
-
-
-def uploaded_comparison(paths: list[str] | None) -> list[Trace]:
-    """Uploaded traces, the autoregressive one first as the baseline."""
-    traces = [service.read_uploaded_trace(p) for p in paths or []]
-    if not 2 <= len(traces) <= MAX_COMPARED:
-        raise UserError(f"upload 2 to {MAX_COMPARED} traces, one of them autoregressive")
-    traces.sort(key=lambda t: t.strategy != "autoregressive")
-    if traces[0].strategy != "autoregressive":
-        raise UserError("one of the uploaded traces must be an autoregressive run: it is the baseline")
-    if len({tuple(t.prompt_token_ids) for t in traces}) > 1:
-        raise UserError("the uploaded traces are of different prompts; compare runs of one prompt")
-    return traces
+def comparison_views(c: Comparison):
+    """Token views, metrics table, speedup bars, verdicts and trace files of a finished comparison."""
+    speed = figures.speedup_bars([t.strategy for t in c.traces], list(c.metrics["speedup"]))
+    files = [service.trace_file(t) for t in c.traces]
+    return (*token_views(c.traces), c.metrics, speed, verdicts_html(c.verdicts), files)
 
 
 def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
@@ -140,29 +93,22 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
         dist_plot = gr.Plot(label="First sampled token")
         dist_verdict = gr.HTML(elem_id="mv-dist-verdict")
 
+        # build_request's keyword → control (num_draft_tokens: shared, kept for the strategies that draft)
+        request_inputs = {"prompt": prompt, "model": model, "draft": draft, "num_draft_tokens": num_draft}
+        request_inputs |= {"max_new_tokens": max_new, "temperature": temperature, "seed": seed}
+
         @on_gpu
-        def compare_run(prompt, model, draft, strategies, k, max_new, temperature, seed):
-            try:
-                requests = comparison_requests(
-                    strategies,
-                    prompt=prompt,
-                    model=model,
-                    draft=draft,
-                    max_new_tokens=max_new,
-                    temperature=temperature,
-                    seed=seed,
-                    num_draft_tokens=k,  # a shared control: kept for the strategies that draft
-                )
-                traces = []
-                for r in requests:
-                    for steps, trace in service.stream(r):  # a yield per update: Stop lands within a step
-                        if trace is None:
-                            progress = f"<i>{html.escape(r.strategy)}: step {len(steps)}…</i>"
-                            yield (*[gr.skip()] * MAX_COMPARED, gr.skip(), gr.skip(), progress, gr.skip())
-                    traces.append(trace)
-                    progress = f"<i>finished {len(traces)} of {len(requests)}…</i>"
-                    yield (*token_views(traces), gr.skip(), gr.skip(), progress, gr.skip())
-                yield comparison_views(traces)
+        def compare_run(strategies, *values):
+            shown = 0  # traces whose token views are drawn
+            given = dict(zip(request_inputs, values, strict=True))
+            try:  # a yield per update: Stop lands within a step
+                for message, traces, result in service.compare(strategies, **given):
+                    if result is not None:
+                        yield comparison_views(result)
+                        continue
+                    drawn = token_views(traces) if len(traces) > shown else [gr.skip()] * MAX_COMPARED
+                    shown = len(traces)
+                    yield (*drawn, gr.skip(), gr.skip(), f"<i>{html.escape(message)}</i>", gr.skip())
             except UserError as e:
                 raise gr.Error(str(e)) from None
 
@@ -198,7 +144,7 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
 
         event = go.click(
             compare_run,
-            [prompt, model, draft, strategies, num_draft, max_new, temperature, seed],
+            [strategies, *request_inputs.values()],
             [*views, table, speed, verdict_box, downloads],
             api_visibility="private",
             concurrency_limit=2,
@@ -206,7 +152,7 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
 
         def compare_uploaded(paths):
             try:
-                return comparison_views(uploaded_comparison(paths), live=False)
+                return comparison_views(service.comparison(service.uploaded_comparison(paths), live=False))
             except UserError as e:
                 raise gr.Error(str(e)) from None
 

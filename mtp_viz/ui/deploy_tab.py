@@ -16,8 +16,14 @@ from mtp_viz.profile import read_batch_profile
 from mtp_viz.serving.load import read_sweep, with_prediction
 from mtp_viz.theory import CONCURRENCY_ASSUMPTIONS
 from mtp_viz.ui import notes, service
-from mtp_viz.ui.bench_tab import example_results, measured_on, read_summary, results_model
-from mtp_viz.ui.theory_tab import shipped_profiles
+from mtp_viz.ui.results import (
+    example_results,
+    measured_on,
+    read_summary,
+    results_model,
+    serving_sweeps,
+    shipped_profiles,
+)
 from mtp_viz.viz import figures
 
 THIS_MACHINE = "this machine (measured in the Theory tab)"
@@ -32,15 +38,9 @@ def profiles() -> dict[str, Path]:
     return found
 
 
-SERVING = Path(__file__).resolve().parent.parent.parent / "assets" / "serving"
 SERVING_COLUMNS = ["strategy", "concurrency", "tokens_per_s", "speedup", "predicted_speedup", "prediction_error"]
 SERVING_COLUMNS += ["calibrated_speedup", "calibrated_error", "engine_c", "mean_accepted_tokens", "identical_to_ar"]
 SERVING_COLUMNS += ["ttft_s", "itl_s"]
-
-
-def serving_sweeps() -> dict[str, Path]:
-    """Shipped sweeps measured on a serving engine (`bench --backend vllm`), by folder name."""
-    return {p.parent.name: p.parent for p in sorted(SERVING.glob("*/serving.csv"))}
 
 
 def serving_views(sweep: Path | None, profile: Path | None):

@@ -1,7 +1,6 @@
 """The Explore tab: one strategy on one prompt, streamed, then timelines and a step-by-step replay."""
 
 import html
-from pathlib import Path
 
 import gradio as gr
 
@@ -16,12 +15,12 @@ from mtp_viz.strategies.base import MAX_NEW_TOKENS_LIMIT
 from mtp_viz.trace import Trace
 from mtp_viz.ui import controls, notes, service
 from mtp_viz.ui.gpu import on_gpu
+from mtp_viz.ui.results import example_traces
 from mtp_viz.viz import figures
 from mtp_viz.viz.tables import summary_html
 from mtp_viz.viz.tokens import PHASES, step_detail_html, tokens_html, walkthrough_html
 
 UI_MAX_NEW_TOKENS = min(1024, MAX_NEW_TOKENS_LIMIT)
-EXAMPLE_TRACES = Path(__file__).resolve().parent.parent.parent / "assets" / "examples"
 EXAMPLE_CATEGORIES = ("translation", "summarization", "qa", "math_reasoning", "rag", "coding", "writing")
 NEEDS_DRAFT = {n for n, s in STRATEGIES.items() if s.needs_draft}
 
@@ -32,11 +31,6 @@ def example_prompts() -> list[list[str]]:
     for q in spec_bench():
         firsts.setdefault(q["category"], q["turns"][0])
     return [[firsts[c]] for c in EXAMPLE_CATEGORIES if c in firsts]
-
-
-def example_traces() -> dict[str, Path]:
-    """Shipped traces (recorded by scripts/make_example_traces.py), by file stem."""
-    return {p.stem: p for p in sorted(EXAMPLE_TRACES.glob("*.json"))}
 
 
 FIRST_LOOK = "prompt-lookup-code-edit"  # the recorded example Explore opens on (assets/examples)
@@ -174,6 +168,19 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
             )
 
         outputs = [tokens, summary, timeline, positions, lengths, step_slider, detail, pq, download, trace_state]
+        # The inputs of a run, in the order the explore_stream API takes them: build_request's keyword →
+        # control, the run's options, then every strategy setting's control (the chosen strategy's are kept).
+        request_inputs = {"prompt": prompt, "model": model, "strategy": strategy, "draft": draft}
+        request_inputs |= {"max_new_tokens": max_new, "temperature": temperature, "top_k": top_k, "top_p": top_p}
+        request_inputs |= {"seed": seed, "raw": raw}
+        options = {"with_baseline": with_baseline, "engine": engine, "baselines": baselines}
+        run_inputs = {**request_inputs, **options, **settings}
+        assert len(run_inputs) == len(request_inputs) + len(options) + len(settings), "a setting named like an input"
+
+        def status(message: str, tokens_view=None):
+            """An update while a run prepares or streams: a status line (and the tokens so far)."""
+            tokens_view = gr.skip() if tokens_view is None else tokens_view
+            return (tokens_view, f"<i>{html.escape(message)}</i>", *[gr.skip()] * 8, gr.skip())
 
         names = list(settings)
 
@@ -185,62 +192,29 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
             return gr.Dropdown(value=(entry.drafts[0] if entry and entry.drafts else ""))
 
         @on_gpu
-        def explore_run(
-            prompt,
-            model,
-            strategy,
-            draft,
-            max_new,
-            temperature,
-            top_k,
-            top_p,
-            seed,
-            raw,
-            with_baseline,
-            engine,
-            baselines,
-            *values,
-        ):
+        def explore_run(*values):
+            given = dict(zip(run_inputs, values, strict=True))
+            with_baseline, engine, baselines = (given.pop(k) for k in options)
             try:
-                request = service.build_request(
-                    prompt,
-                    model,
-                    strategy,
-                    draft,
-                    max_new,
-                    temperature,
-                    top_k,
-                    top_p,
-                    seed,
-                    raw,
-                    **dict(zip(names, values, strict=True)),  # every strategy's controls; its own are kept
-                )
+                request = service.build_request(**given)
                 if engine == BACKEND_VLLM:
                     for message, trace in service.stream_vllm(request):
                         if trace is None:
-                            yield (gr.skip(), f"<i>{html.escape(message)}</i>", *[gr.skip()] * 8, gr.skip())
+                            yield status(message)
                     yield (*render(trace, baselines), baselines)
                     return
-                yield (
-                    gr.skip(),
-                    "<i>preparing: loading the models, and on a model's first run with compilation on, "
-                    "compiling its forward (outside the timed region)…</i>",
-                    *[gr.skip()] * 8,
-                    gr.skip(),
+                yield status(
+                    "preparing: loading the models, and on a model's first run with compilation on, "
+                    "compiling its forward (outside the timed region)…"
                 )
                 key = service.request_baseline_key(request)
                 if with_baseline and request.strategy != "autoregressive" and key not in baselines:
-                    yield (
-                        gr.skip(),
-                        "<i>measuring autoregressive decoding first (same prompt and settings), for the speedup…</i>",
-                        *[gr.skip()] * 8,
-                        gr.skip(),
-                    )
+                    yield status("measuring autoregressive decoding first (same prompt and settings), for the speedup…")
                     base = service.run_to_end(service.as_baseline(request))
                     baselines = {**baselines, service.baseline_key(base): base.summary["tokens_per_s"]}
                 for steps, trace in service.stream(request):
                     if trace is None:
-                        yield (tokens_html(steps), f"<i>decoding… step {len(steps)}</i>", *[gr.skip()] * 8, gr.skip())
+                        yield status(f"decoding… step {len(steps)}", tokens_html(steps))
             except UserError as e:
                 raise gr.Error(str(e)) from None
             if trace.strategy == "autoregressive":
@@ -275,22 +249,7 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
         model.change(pick_draft, model, draft, api_visibility="private")
         run_event = go.click(
             explore_run,
-            [
-                prompt,
-                model,
-                strategy,
-                draft,
-                max_new,
-                temperature,
-                top_k,
-                top_p,
-                seed,
-                raw,
-                with_baseline,
-                engine,
-                baselines,
-                *settings.values(),
-            ],
+            list(run_inputs.values()),
             outputs + [baselines],
             api_name="explore_stream",  # undocumented: the streaming benchmark drives it
             api_visibility="undocumented",

@@ -1,26 +1,37 @@
-"""What the UI callbacks call: run a request while holding its models, stream its steps, and move
-traces in and out as files. No decoding logic and no layout here."""
+"""What the UI callbacks call: run a request while holding its models, stream its steps, compare
+strategies, measure this machine, and move traces in and out as files. No decoding logic and no
+layout here: every long job runs through `in_background`, the UI only draws what it yields."""
 
 import json
 import os
 import tempfile
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TypeVar
 
-from mtp_viz.errors import InvalidSettingsError, InvalidTraceError, UnknownModelError
-from mtp_viz.models import HUB_ID
+import pandas as pd
+
+from mtp_viz.deploy import deploy_costs
+from mtp_viz.errors import InvalidSettingsError, InvalidTraceError, UnknownModelError, UserError
+from mtp_viz.machine import machine_key
+from mtp_viz.models import HUB_ID, load_model, resolve_device
+from mtp_viz.paths import cache_root
+from mtp_viz.profile import Cancelled, profile
+from mtp_viz.quality import verdicts
 from mtp_viz.registry import load_registry
 from mtp_viz.runner import Run, RunRequest, coerce, settings_of
+from mtp_viz.serving.backend import run_vllm
 from mtp_viz.strategies import get_strategy
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import Step, Trace
+from mtp_viz.viz.tables import metrics_table
 
 MAX_TRACE_BYTES = 8 * 1024 * 1024  # uploads above this are refused
+MAX_COMPARED = 4  # runs side by side in a comparison: autoregressive + 3 others
 ANY_MODEL_ENV = "MTP_VIZ_ALLOW_ANY_MODEL"  # 1: the app may load hub ids beyond the registry
 STREAM_INTERVAL_S = 0.25  # the UI redraws this often while a run streams
 T = TypeVar("T")  # what a background job returns
@@ -36,11 +47,12 @@ def _lock_for(name: str) -> threading.Lock:
         return _model_locks[name]
 
 
-def in_background(work: Callable[[Callable[[], bool]], T], poll: Callable[[], P]) -> Iterator[P | T]:
+def in_background(work: Callable[[Callable[[], bool]], T], poll: Callable[[], P | None]) -> Generator[P, None, T]:
     """Run `work(stopped)` in its own thread, so the UI never pauses it: yield `poll()` every
-    STREAM_INTERVAL_S while it runs, then its result. Closing the generator (Gradio does when
-    Stop is pressed) makes `stopped()` true and waits for the work to wind down; its error, if
-    any, is raised here."""
+    STREAM_INTERVAL_S while it runs (None: nothing new to show), and return its result
+    (`result = yield from in_background(...)`). Closing the generator (Gradio does when Stop is
+    pressed) makes `stopped()` true and waits for the work to wind down; its error, if any, is
+    raised here."""
     stop = threading.Event()
     result: list = []
     errors: list[BaseException] = []
@@ -56,14 +68,14 @@ def in_background(work: Callable[[Callable[[], bool]], T], poll: Callable[[], P]
     try:
         while worker.is_alive():
             worker.join(STREAM_INTERVAL_S)
-            if worker.is_alive():
-                yield poll()
+            if worker.is_alive() and (update := poll()) is not None:
+                yield update
     finally:
         stop.set()
         worker.join()
     if errors:
         raise errors[0]
-    yield result[0]
+    return result[0]
 
 
 def _holding(names: set[str]) -> ExitStack:
@@ -88,31 +100,80 @@ def stream(request: RunRequest) -> Iterator[tuple[list[Step], Trace | None]]:
                     run.cancel()
         return run.trace
 
-    for update in in_background(decode, lambda: list(steps)):
-        if isinstance(update, Trace):
-            yield update.steps, update
-        elif update:
-            yield update, None
+    trace = yield from in_background(decode, lambda: (list(steps), None) if steps else None)
+    yield trace.steps, trace
 
 
 def stream_vllm(request: RunRequest) -> Iterator[tuple[str, Trace | None]]:
     """(what the vLLM server is doing, None) while it starts and answers, then ("", trace). The
     server is started for this run and stopped after it; closing the generator (Stop) stops it
     at once while it starts, else after the request in flight."""
-    from mtp_viz.serving.backend import run_vllm
-
     status = {"message": "starting a vLLM server"}
 
     def serve(stopped: Callable[[], bool]) -> Trace:
         return run_vllm(request, progress=lambda m: status.update(message=m), cancelled=stopped)
 
-    for update in in_background(serve, lambda: status["message"]):
-        yield ("", update) if isinstance(update, Trace) else (update, None)
+    trace = yield from in_background(serve, lambda: (status["message"], None))
+    yield "", trace
 
 
 def run_to_end(request: RunRequest) -> Trace:
     *_, (_, trace) = stream(request)
     return trace
+
+
+def comparison_requests(strategies: list[str], **values) -> list[RunRequest]:
+    """Autoregressive first, then the chosen strategies, all with the same prompt and settings."""
+    chosen = ["autoregressive"] + [s for s in dict.fromkeys(strategies) if s != "autoregressive"]
+    if len(chosen) > MAX_COMPARED:
+        raise UserError(f"compare at most {MAX_COMPARED - 1} strategies beside autoregressive")
+    if len(chosen) < 2:
+        raise UserError("pick at least one strategy to compare with autoregressive")
+    return [build_request(strategy=s, **values) for s in chosen]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Runs of one prompt side by side, autoregressive first: their metrics and verdicts."""
+
+    traces: list[Trace]
+    metrics: pd.DataFrame  # viz.tables.metrics_table, speedups over the first run
+    verdicts: dict[str, str]  # strategy → quality.verdicts' line
+
+
+def comparison(traces: list[Trace], live: bool = True) -> Comparison:
+    """Live runs also get what each strategy costs to deploy (from the models they just loaded);
+    uploaded traces do not, so that opening one never loads, let alone downloads, a model."""
+    costs = deploy_costs(traces) if live else None
+    return Comparison(traces, metrics_table(traces, baseline=traces[0], costs=costs), verdicts(traces))
+
+
+def compare(strategies: list[str], **values) -> Iterator[tuple[str, list[Trace], Comparison | None]]:
+    """Autoregressive, then each chosen strategy, on one prompt and settings (`values`: as
+    build_request takes them): (what is running, the traces so far, None) while they run, then
+    ("", all traces, their Comparison). Closing it cancels the run in flight within one step."""
+    requests = comparison_requests(strategies, **values)
+    traces: list[Trace] = []
+    for r in requests:
+        for steps, trace in stream(r):
+            if trace is None:
+                yield f"{r.strategy}: step {len(steps)}…", list(traces), None
+        traces.append(trace)
+        yield f"finished {len(traces)} of {len(requests)}…", list(traces), None
+    yield "", traces, comparison(traces)
+
+
+def uploaded_comparison(paths: list[str] | None) -> list[Trace]:
+    """Uploaded traces, the autoregressive one first as the baseline."""
+    traces = [read_uploaded_trace(p) for p in paths or []]
+    if not 2 <= len(traces) <= MAX_COMPARED:
+        raise UserError(f"upload 2 to {MAX_COMPARED} traces, one of them autoregressive")
+    traces.sort(key=lambda t: t.strategy != "autoregressive")
+    if traces[0].strategy != "autoregressive":
+        raise UserError("one of the uploaded traces must be an autoregressive run: it is the baseline")
+    if len({tuple(t.prompt_token_ids) for t in traces}) > 1:
+        raise UserError("the uploaded traces are of different prompts; compare runs of one prompt")
+    return traces
 
 
 def trace_file(trace: Trace) -> str:
@@ -147,25 +208,19 @@ def model_allowed(name: str) -> bool:
     return allow and HUB_ID.fullmatch(name) is not None and not Path(name).exists()
 
 
-def _as_int(name: str, value) -> int:
-    if isinstance(value, float):
+def _as_number(name: str, value, kind: type):
+    """A UI value as an int or a float: whole numbers arrive as floats (12.0), numbers as text;
+    anything else is left to the settings' own checks."""
+    what = "a whole number" if kind is int else "a number"
+    if isinstance(value, str):
+        try:
+            return kind(value)
+        except ValueError:
+            raise InvalidSettingsError(f"{name} must be {what}, got {value!r}") from None
+    if kind is int and isinstance(value, float):
         if not value.is_integer():
-            raise InvalidSettingsError(f"{name} must be a whole number, got {value}")
+            raise InvalidSettingsError(f"{name} must be {what}, got {value}")
         return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            raise InvalidSettingsError(f"{name} must be a whole number, got {value!r}") from None
-    return value
-
-
-def _as_float(name: str, value) -> float:
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            raise InvalidSettingsError(f"{name} must be a number, got {value!r}") from None
     return value
 
 
@@ -181,38 +236,33 @@ def parse_settings(settings: dict | str | None) -> dict:
     return dict(settings or {})
 
 
+# The app's generation defaults: GenerationSettings' own, but shorter answers than the CLI's.
+APP_GENERATION = {**asdict(GenerationSettings()), "max_new_tokens": 64}
+
+
 def build_request(
     prompt: str,
     model: str | None,
     strategy: str,
     draft: str | None = None,
-    max_new_tokens: float = 64,
-    temperature: float = 0.0,
-    top_k: float = 0,
-    top_p: float = 1.0,
-    seed: float = 0,
     raw: bool = False,
     settings: dict | None = None,
     compile: str = "auto",
-    **setting_values,
+    **values,
 ) -> RunRequest:
     """UI values (numbers arrive as floats, empty choices as "" or None) → a validated RunRequest.
 
-    Strategy settings come as keywords from controls shared by every strategy (one per setting
-    name), of which only the chosen strategy's are kept, and/or as the `settings` dict, which
-    names settings on purpose: one the strategy does not have is an error. Values are converted
-    to the setting's type."""
+    `values` holds generation settings by GenerationSettings' names (APP_GENERATION where absent)
+    and strategy settings from controls shared by every strategy (one per setting name), of which
+    only the chosen strategy's are kept. The `settings` dict names strategy settings on purpose:
+    one the strategy does not have is an error. Values are converted to the setting's type."""
     spec = get_strategy(strategy)
     settings = parse_settings(settings)
-    chosen = {**settings_of(strategy, setting_values), **{k: v for k, v in settings.items() if v is not None}}
+    generation = {k: values.pop(k) for k in APP_GENERATION if k in values}
+    chosen = {**settings_of(strategy, values), **{k: v for k, v in settings.items() if v is not None}}
     strategy_settings = {k: coerce(strategy, k, v) for k, v in chosen.items()}
-    generation = GenerationSettings(
-        max_new_tokens=_as_int("max_new_tokens", max_new_tokens),
-        temperature=_as_float("temperature", temperature),
-        top_k=_as_int("top_k", top_k),
-        top_p=_as_float("top_p", top_p),
-        seed=_as_int("seed", seed),
-    )
+    kinds = {f.name: type(f.default) for f in fields(GenerationSettings)}
+    generation = {k: _as_number(k, v, kinds[k]) for k, v in {**APP_GENERATION, **generation}.items()}
     draft = (draft or None) if spec.needs_draft else None
     for name in (model, draft):
         if name and not model_allowed(name):
@@ -226,7 +276,7 @@ def build_request(
         strategy=strategy,
         draft=draft,
         raw=bool(raw),
-        generation=generation,
+        generation=GenerationSettings(**generation),
         strategy_settings=strategy_settings,
         compile=compile or "auto",
     )
@@ -264,9 +314,6 @@ PROFILE_MAX_K = 16
 
 def machine_profile_path(model: str | None = None) -> Path:
     """Where this machine's measured profile of `model` (default: the device's) is cached."""
-    from mtp_viz.machine import machine_key
-    from mtp_viz.models import cache_root, resolve_device
-
     name = model or load_registry().default_for(resolve_device().type)
     return cache_root() / "profiles" / f"{machine_key()}-{Path(name).name}.json"
 
@@ -275,9 +322,6 @@ def measure_machine(model: str | None = None) -> Iterator[tuple[int, int, Path |
     """Measure the verify-cost curve and c on this machine for `model` (and its first registered
     draft), as `python -m mtp_viz profile` does: (rounds done, rounds, None) while it runs, then
     (rounds, rounds, path of the cached JSON). Closing the generator stops the measurement."""
-    from mtp_viz.models import load_model, resolve_device
-    from mtp_viz.profile import Cancelled, profile
-
     registry = load_registry()
     name = model or registry.default_for(resolve_device().type)
     entry = registry.models.get(name)
@@ -297,12 +341,7 @@ def measure_machine(model: str | None = None) -> Iterator[tuple[int, int, Path |
                 return None
 
     yield 0, PROFILE_REPEATS, None
-    result = None
-    for update in in_background(measure, lambda: (state["done"], PROFILE_REPEATS, None)):
-        if isinstance(update, tuple):
-            yield update
-        else:
-            result = update
+    result = yield from in_background(measure, lambda: (state["done"], PROFILE_REPEATS, None))
     if result is None:  # stopped
         return
     path = machine_profile_path(name)

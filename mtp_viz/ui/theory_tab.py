@@ -2,50 +2,17 @@
 device's measured verify-cost curve, and the measured points of the user's own runs."""
 
 import html
-import json
-from dataclasses import dataclass
-from pathlib import Path
 
 import gradio as gr
 
 from mtp_viz.errors import UserError
-from mtp_viz.machine import machine_label
+from mtp_viz.profile import read_profile
 from mtp_viz.theory import expected_tokens, measured_point, optimal_gamma, speedup
 from mtp_viz.ui import notes, service
-from mtp_viz.ui.explore import example_traces
+from mtp_viz.ui.results import example_traces, shipped_profiles
 from mtp_viz.viz import figures
 
-PROFILES = Path(__file__).resolve().parent.parent.parent / "docs" / "results"
 MAX_GAMMA = 16
-
-
-def shipped_profiles() -> dict[str, Path]:
-    """Verify-cost curves measured with `python -m mtp_viz profile`, by file stem."""
-    return {p.stem: p for p in sorted(PROFILES.glob("profile-*.json"))}
-
-
-@dataclass(frozen=True)
-class ProfileView:
-    curve: dict[int, float]  # verify cost: k → time of k tokens / one token
-    exits: dict[int, float] | None  # early-exit agreement by layer, where measured
-    label: str  # the machine it was measured on
-
-
-def read_profile(path: str | Path | None) -> ProfileView | None:
-    """A profile file (`python -m mtp_viz profile`, or this machine's in-app measurement); None: no file."""
-    if not path:
-        return None
-    if Path(path).stat().st_size > service.MAX_TRACE_BYTES:
-        raise UserError("that profile file is too large")
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        curve = {int(k): float(v) for k, v in data["verify_cost"].items()}
-        exits = {int(k): float(v) for k, v in (data.get("exit_agreement") or {}).items()} or None
-        machine = data.get("machine") or {}
-        label = machine_label(machine) if machine else "machine not recorded"
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise UserError("not a profile: expected the JSON that `python -m mtp_viz profile` writes") from None
-    return ProfileView(curve, exits, label)
 
 
 def points_from(paths: list[str]) -> list[dict]:
