@@ -12,6 +12,8 @@
 "fast" is the plan measured for the model on first load (`MTP_VIZ_LINEAR=auto`); "stock" is
 F.linear everywhere. Rounds are interleaved (stock, fast, stock, fast, …) and medians reported, so
 machine noise hits both alike. Only float32 on a CPU is affected; elsewhere both run F.linear.
+`--draft ""` leaves out the draft (and c). Its tables are in docs/BENCHMARKS.md, "Few-row products
+on this CPU"; log in docs/results/cpu-linear.log.
 """
 
 import argparse
@@ -68,7 +70,7 @@ def forwards(target, draft, repeats: int) -> None:
         for way in runs:
             for m, plan in zip(models, plans, strict=True):
                 use([m], way, plan)
-            runs[way].append(profile(target, draft, max_k=max(VERIFY_K), repeats=1))
+            runs[way].append(profile(target, draft, max_k=max(VERIFY_K), repeats=1, batch_sizes=()))  # B × k: unused
     for m, plan in zip(models, plans, strict=True):
         use([m], "fast", plan)
     print(f"\n2. whole forwards (median of {repeats} rounds; cost relative to the same way's one-token forward)")

@@ -1,6 +1,6 @@
-"""Engine benchmark: our decoding loops next to transformers' generate, measured side by side.
+"""Engine benchmark: our decoding loops next to transformers' generate and llama.cpp, measured side by side.
 
-    python benchmarks/engine.py [--model smollm2-135m] [--max-new-tokens 128] [--repeats 3]
+    python benchmarks/engine.py [--model smollm2-135m] [--max-new-tokens 128] [--repeats 3] [--methods M,M,...]
 
 For each prompt every method runs `repeats` times, interleaved round-robin so that machine noise
 hits all of them alike; the best tokens/s of each is reported (noise on a shared machine only ever
@@ -9,11 +9,17 @@ same tokens (checked and printed).
 
 Methods (METHODS below): our autoregressive loop on the lean forward (eager, compiled) and on
 transformers' forward; transformers' `generate` on the plain model, and with its own fast path
-(static cache + torch.compile, compiled in an untimed call per prompt); prompt lookup on both sides.
+(static cache + torch.compile, compiled in an untimed call per prompt); prompt lookup on both sides;
+llama.cpp on the shipped GGUF (plain and with llama-cpp-python's prompt-lookup drafter), with our
+thread count, where llama-cpp-python is installed (`bash scripts/setup.sh --llama`; skipped with
+one line where it is not). Its greedy tokens are compared with ours like every other method's.
 
 Tracing overhead is reported twice: as the tokens/s ratio of full vs minimal recording (within
 the run-to-run noise), and directly, as the measured cost per token of what full recording adds
 (the target probability of each token and its text) against the measured time of a step.
+
+Its tables are in docs/BENCHMARKS.md ("Ours against transformers, side by side"; "Engine: ours vs
+transformers `generate` (issue 2)"), its logs and `--out` JSON in docs/results/engine-bench*.
 """
 
 import argparse
@@ -27,10 +33,12 @@ import torch
 
 from mtp_viz.cache import ENGINE_ENV, LEAN, TRANSFORMERS
 from mtp_viz.clock import Clock
-from mtp_viz.machine import machine_info, machine_label
+from mtp_viz.llama_peers import LLAMA_CPP_AUTOREGRESSIVE, LLAMA_CPP_PROMPT_LOOKUP, LlamaCppPeers, unavailable
+from mtp_viz.machine import describe_peer, machine_info, machine_label
 from mtp_viz.models import encode_prompt, load_model, quiet_transformers
 from mtp_viz.peers import HF_GENERATE, HF_PROMPT_LOOKUP, HF_STATIC_COMPILE, run_peer
 from mtp_viz.prompts import CODE_EDIT_PROMPT, spec_bench_prompt
+from mtp_viz.quality import first_divergence
 from mtp_viz.runner import RECORD_MINIMAL, RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.strategies.prompt_lookup import PromptLookupSettings
@@ -55,6 +63,10 @@ METHODS = (
 )
 NO_MATCH = {"min_ngram_size": 16, "max_ngram_size": 16}  # never matches here: the lookup's own cost
 PEER_OF = {"hf_plain": HF_GENERATE, "hf_static_compile": HF_STATIC_COMPILE, "hf_pld": HF_PROMPT_LOOKUP}
+# Optional methods: llama.cpp on the same GGUF at its own bits, plain and with llama-cpp-python's
+# prompt-lookup drafter (our draft settings); skipped with one line where they cannot run.
+LLAMA_CPP_OF = {"llama_cpp_ar": LLAMA_CPP_AUTOREGRESSIVE, "llama_cpp_pld": LLAMA_CPP_PROMPT_LOOKUP}
+ALL_METHODS = METHODS + tuple(LLAMA_CPP_OF)
 
 
 def ours(model: str, prompt: str, max_new: int, method: str) -> tuple[list[int], float]:
@@ -101,7 +113,7 @@ def print_direct_costs(loaded, args) -> None:
         f"\ntracing cost measured directly: {per_token * 1e6:.0f} µs per token (target probability + token text) "
         f"against a {step * 1e3:.1f} ms one-token step = {per_token / step:.2%}"
     )
-    for name, prompt in PROMPTS.items():
+    for name, prompt in list(PROMPTS.items())[: args.prompts]:
         trace = run(
             RunRequest(
                 prompt=prompt,
@@ -150,7 +162,19 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="the first N prompts only")
     parser.add_argument("--out", type=Path, help="write the raw measurements as JSON")
     parser.add_argument("--direct-only", action="store_true", help="only the direct cost measurements (fast)")
+    parser.add_argument(
+        "--methods",
+        default=",".join(ALL_METHODS),
+        help="comma-separated subset of METHODS and LLAMA_CPP_OF (ours_ar always runs)",
+    )
     args = parser.parse_args()
+    unknown = set(args.methods.split(",")) - set(ALL_METHODS)
+    if unknown:
+        parser.error(f"unknown methods: {', '.join(sorted(unknown))}; choose from {', '.join(ALL_METHODS)}")
+    methods = [m for m in ALL_METHODS if m == "ours_ar" or m in args.methods.split(",")]
+    if set(methods) & set(LLAMA_CPP_OF) and (why := unavailable(args.model)):
+        print(why, file=sys.stderr)
+        methods = [m for m in methods if m not in LLAMA_CPP_OF]
     quiet_transformers()
     loaded = load_model(args.model)
     if args.direct_only:
@@ -159,42 +183,58 @@ def main() -> int:
     warm = encode_prompt(loaded, "Hello")
     loaded.model.generate(torch.tensor([warm]), max_new_tokens=4, do_sample=False, pad_token_id=0)
     rows, raw = [], {}
-    for name, prompt in list(PROMPTS.items())[: args.prompts]:
-        prompt_ids = encode_prompt(loaded, prompt)
-        rates: dict[str, list[float]] = {m: [] for m in METHODS}
-        outputs: dict[str, list[int]] = {}
-        for r in range(args.repeats):
-            for method in METHODS:
-                if method.startswith("ours"):
-                    out, wall = ours(args.model, prompt, args.max_new_tokens, method)
-                else:
-                    out, wall = hf(loaded, prompt_ids, args.max_new_tokens, method)
-                rates[method].append(len(out) / wall)
-                outputs[method] = out
-            print(
-                f"  {time.strftime('%H:%M:%S')} {name}: repeat {r + 1}/{args.repeats} done", file=sys.stderr, flush=True
-            )
-        med = {m: max(v) for m, v in rates.items()}
-        identical = all(o == outputs["ours_ar"] for o in outputs.values())
-        raw[name] = {"prompt_tokens": len(prompt_ids), "new_tokens": len(outputs["ours_ar"]), "tokens_per_s": rates}
-        rows.append((name, len(prompt_ids), len(outputs["ours_ar"]), med, identical))
-    print_table(rows, args)
+    llama = LlamaCppPeers([LLAMA_CPP_OF[m] for m in methods if m in LLAMA_CPP_OF], loaded, torch.get_num_threads())
+    with llama:
+        for name, prompt in list(PROMPTS.items())[: args.prompts]:
+            prompt_ids = encode_prompt(loaded, prompt)
+            rates: dict[str, list[float]] = {m: [] for m in methods}
+            outputs: dict[str, list[int]] = {}
+            for r in range(args.repeats):
+                for method in methods:
+                    if method.startswith("ours"):
+                        out, wall = ours(args.model, prompt, args.max_new_tokens, method)
+                    elif method in LLAMA_CPP_OF:
+                        run_ = llama.run(LLAMA_CPP_OF[method], prompt_ids, args.max_new_tokens)
+                        out, wall = run_.output_token_ids, run_.wall_time_s
+                    else:
+                        out, wall = hf(loaded, prompt_ids, args.max_new_tokens, method)
+                    rates[method].append(len(out) / wall)
+                    outputs[method] = out
+                print(
+                    f"  {time.strftime('%H:%M:%S')} {name}: repeat {r + 1}/{args.repeats} done",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            med = {m: max(v) for m, v in rates.items()}
+            identical = all(o == outputs["ours_ar"] for m, o in outputs.items() if m not in LLAMA_CPP_OF)
+            same = {m: first_divergence(outputs["ours_ar"], outputs[m]) for m in outputs if m in LLAMA_CPP_OF}
+            raw[name] = {
+                "prompt_tokens": len(prompt_ids),
+                "new_tokens": len(outputs["ours_ar"]),
+                "tokens_per_s": rates,
+                "first_divergence_from_ours": same,
+            }
+            rows.append((name, len(prompt_ids), len(outputs["ours_ar"]), med, identical, same))
+        peer_machine = llama.machine() if llama.names else None
+    print_table(rows, args, methods, peer_machine)
     per_token, step = tracing_cost(loaded)
     print(
         f"\ntracing cost measured directly: {per_token * 1e6:.0f} µs per token (target probability + token text) "
         f"against a {step * 1e3:.1f} ms one-token step = {per_token / step:.2%}"
     )
     if args.out:
-        record = {"args": vars(args) | {"out": str(args.out)}, "machine": machine_info(), "results": raw}
+        machine = machine_info() | ({"peers": {"llama.cpp": peer_machine}} if peer_machine else {})
+        record = {"args": vars(args) | {"out": str(args.out)}, "machine": machine, "results": raw}
         args.out.write_text(json.dumps(record, indent=1))
     return 0
 
 
-def print_table(rows, args) -> None:
+def print_table(rows, args, methods: list[str], peer_machine: dict | None = None) -> None:
+    beside = f", beside {describe_peer(peer_machine)} on {peer_machine['gguf']}" if peer_machine else ""
     print(
         f"\n{args.model}, greedy, max_new_tokens={args.max_new_tokens}, best of {args.repeats} interleaved runs, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, on {machine_label(machine_info())} "
-        f"(torch {torch.__version__})\n"
+        f"(torch {torch.__version__}){beside}\n"
     )
     columns = {
         "ours AR tok/s": lambda m: f"{m['ours_ar']:.1f}",
@@ -209,12 +249,41 @@ def print_table(rows, args) -> None:
         "PLD no match / AR": lambda m: f"{m['ours_pld_nomatch'] / m['ours_ar']:.2f}x",
         "tracing overhead": lambda m: f"{1 - m['ours_ar'] / m['ours_ar_minimal']:+.1%}",
     }
+    llama = set(methods) & set(LLAMA_CPP_OF)
+    if llama:
+        columns |= {
+            "llama.cpp AR tok/s": lambda m: f"{m['llama_cpp_ar']:.1f}",
+            "llama.cpp PLD tok/s": lambda m: f"{m['llama_cpp_pld']:.1f}",
+            "ours AR / llama.cpp AR": lambda m: f"{m['ours_ar'] / m['llama_cpp_ar']:.2f}x",
+            "ours PLD / llama.cpp PLD": lambda m: f"{m['ours_pld'] / m['llama_cpp_pld']:.2f}x",
+            "llama.cpp PLD / llama.cpp AR": lambda m: f"{m['llama_cpp_pld'] / m['llama_cpp_ar']:.2f}x",
+        }
     head = "| prompt | prompt tok | new tok | " + " | ".join(columns) + " | identical |"
+    head += " llama.cpp tokens = ours AR |" if llama else ""
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
-    for name, n_prompt, n_new, m, identical in rows:
-        cells = " | ".join(f(m) for f in columns.values())
-        print(f"| {name} | {n_prompt} | {n_new} | {cells} | {'yes' if identical else 'NO'} |")
+    for name, n_prompt, n_new, m, identical, same in rows:
+        cells = " | ".join(cell(f, m) for f in columns.values())
+        tail = f" {agreement(same)} |" if llama else ""
+        print(f"| {name} | {n_prompt} | {n_new} | {cells} | {'yes' if identical else 'NO'} |{tail}")
+
+
+def agreement(first_divergence_of: dict[str, int | None]) -> str:
+    """ "yes", or where each llama.cpp method's greedy tokens first differ from ours ("AR from token 57")."""
+    if not first_divergence_of:
+        return "—"
+    if all(d is None for d in first_divergence_of.values()):
+        return "yes"
+    return ", ".join(
+        f"{m.removeprefix('llama_cpp_')} from token {d}" for m, d in first_divergence_of.items() if d is not None
+    )
+
+
+def cell(column, best: dict[str, float]) -> str:
+    try:
+        return column(best)
+    except KeyError:  # a method left out by --methods
+        return "—"
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 API users. A benchmark, not a test: it prints what it measured.
 
     .venv/bin/python benchmarks/load.py [--users 16] [--requests 3] [--repeated 50] [--max-new-tokens 24] [--bursts 1]
+        [--strategies autoregressive,prompt_lookup,speculative,mtp_heads]
 
 1. Memory: one user runs `--repeated` requests in a row (the strategies in turn); the server's
    resident memory is read after the warm-up, after the first 10 and at the end.
@@ -9,6 +10,10 @@ API users. A benchmark, not a test: it prints what it measured.
    strategies and prompts) to the `/run` endpoint. Reports errors, throughput (requests/s and
    generated tokens/s over the whole load) and latency percentiles (request sent → trace back,
    so queueing included), and checks every greedy result against the same request made alone.
+
+Requests go to the app's default model; `--strategies` picks what they cycle through (the default
+needs the model's registered draft and MTP heads). Its figures are in docs/BENCHMARKS.md, "The
+app under load (issue 7)"; logs in docs/results/load-bench*.log.
 """
 
 import argparse
@@ -27,16 +32,13 @@ PROMPTS = [
     "List three uses of copper.",
     "Translate to French: the cat sleeps on the warm windowsill.",
 ]
-STRATEGIES = [
-    {"strategy": "autoregressive"},
-    {"strategy": "prompt_lookup"},
-    {"strategy": "speculative"},  # the registry's trained draft
-    {"strategy": "mtp_heads"},  # the registry's trained heads
-]
+STRATEGIES = "autoregressive,prompt_lookup,speculative,mtp_heads"  # speculative, mtp_heads: the registry's trained ones
+MEMORY_AFTER = 10  # runs after which resident memory is read a second time (or all of them, if fewer)
 
 
-def _job(i: int, max_new_tokens: int) -> dict:
-    return {"prompt": PROMPTS[i % len(PROMPTS)], "max_new_tokens": max_new_tokens, **STRATEGIES[(i // 4) % 4]}
+def _job(i: int, max_new_tokens: int, strategies: list[str]) -> dict:
+    strategy = strategies[(i // len(PROMPTS)) % len(strategies)]
+    return {"prompt": PROMPTS[i % len(PROMPTS)], "max_new_tokens": max_new_tokens, "strategy": strategy}
 
 
 def _key(job: dict) -> str:
@@ -51,7 +53,12 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--bursts", type=int, default=1, help="how many times to run the concurrent load")
     parser.add_argument("--port", type=int, default=7862)
+    parser.add_argument("--strategies", default=STRATEGIES, help="comma-separated; requests cycle through them")
     args = parser.parse_args()
+    strategies = args.strategies.split(",")
+    if args.repeated < 1:
+        parser.error("--repeated must be at least 1")
+    mark = min(MEMORY_AFTER, args.repeated)
     quiet_transformers()
     with served_app(args.port) as (server, url, client):
         from gradio_client import Client
@@ -60,13 +67,13 @@ def main() -> None:
             return c.predict(**job, api_name="/run")
 
         alone = {}
-        for i in range(16):  # warm-up: loads the model, the draft and the heads; every distinct job once
-            job = _job(i, args.max_new_tokens)
+        for i in range(len(PROMPTS) * len(strategies)):  # warm-up: loads every model; every distinct job once
+            job = _job(i, args.max_new_tokens, strategies)
             alone[_key(job)] = call(client, job)["output_token_ids"]
         rss = [rss_mb(server.pid)]
         for i in range(args.repeated):
-            call(client, _job(i, args.max_new_tokens))
-            if i == 9:
+            call(client, _job(i, args.max_new_tokens, strategies))
+            if i == mark - 1:
                 rss.append(rss_mb(server.pid))
         rss.append(rss_mb(server.pid))
 
@@ -78,7 +85,7 @@ def main() -> None:
         def user(u: int) -> None:
             own = clients[u]
             for r in range(args.requests):
-                job = _job(u + r, args.max_new_tokens)
+                job = _job(u + r, args.max_new_tokens, strategies)
                 start = time.perf_counter()
                 try:
                     out = call(own, job)["output_token_ids"]
@@ -104,10 +111,10 @@ def main() -> None:
             rss.append(rss_mb(server.pid))
 
     q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
-    print(f"memory (server RSS, MiB): after warm-up {rss[0]:.0f}, after 10 runs {rss[1]:.0f},")
+    print(f"memory (server RSS, MiB): after warm-up {rss[0]:.0f}, after {mark} runs {rss[1]:.0f},")
     print(
         f"  after {args.repeated} runs {rss[2]:.0f} (growth {rss[2] - rss[0]:+.0f} MiB; "
-        f"{rss[2] - rss[1]:+.0f} over the last {args.repeated - 10}), after each load burst "
+        f"{rss[2] - rss[1]:+.0f} over the last {args.repeated - mark}), after each load burst "
         + ", ".join(f"{r:.0f}" for r in rss[3:])
     )
     print(

@@ -1,10 +1,11 @@
 """Does streaming to the browser slow decoding? The same greedy request, end to end, through the
 runner (what the CLI does) and through the launched app's streaming Explore endpoint, interleaved.
 
-    .venv/bin/python benchmarks/streaming.py [--max-new-tokens 96] [--repeats 3]
+    .venv/bin/python benchmarks/streaming.py [--max-new-tokens 96] [--repeats 3] [--model smollm2-135m]
 
 Reports the elapsed time from request to final trace on both paths (what a user waits for), and
-the decoding tokens/s recorded in each trace.
+the decoding tokens/s recorded in each trace. Its figures are in docs/BENCHMARKS.md, "Streaming
+through the app vs the runner (issue 3)"; log in docs/results/streaming-bench.log.
 """
 
 import argparse
@@ -30,10 +31,12 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--strategy", default="prompt_lookup")
+    parser.add_argument("--model", default="smollm2-135m", help="registry id, as the app's model menu lists it")
+    parser.add_argument("--port", type=int, default=7861)
     args = parser.parse_args()
     quiet_transformers()
     # The app runs in its own process, as it does for a user; this process is the browser's stand-in.
-    with served_app() as (server, _, client):
+    with served_app(args.port) as (server, _, client):
         trace, cli, ui, cli_tps, ui_tps, updates, cli_cpu, ui_cpu = _measure(args, server, client)
     start = time.perf_counter()
     for _ in range(20):
@@ -50,6 +53,7 @@ def main() -> None:
 def _measure(args, server, client):
     request = RunRequest(
         prompt=CODE_EDIT_PROMPT,
+        model=args.model,
         strategy=args.strategy,
         generation=GenerationSettings(max_new_tokens=args.max_new_tokens),
     )
@@ -57,7 +61,7 @@ def _measure(args, server, client):
     # raw, measure-autoregressive-too (off: only the strategy runs), the engine, then every strategy setting's
     # control (left at its default)
     own = {f.name: f.default for f in fields(STRATEGIES[args.strategy].settings_cls)}
-    ui_args = [CODE_EDIT_PROMPT, "smollm2-135m", args.strategy, "", args.max_new_tokens, 0.0, 0, 1.0, 0, False, False]
+    ui_args = [CODE_EDIT_PROMPT, args.model, args.strategy, "", args.max_new_tokens, 0.0, 0, 1.0, 0, False, False]
     ui_args += ["mtp-viz"]  # the engine
     ui_args += [own.get(name, f.default) for name, f in setting_fields().items()]
     run(request)  # warm-up: loads and converts the model once

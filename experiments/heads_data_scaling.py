@@ -4,10 +4,14 @@ training sequences (`python -m mtp_viz train data`), the same number of steps ea
 depth-1 top-1 agreement with the target, teacher-forced, on the training run's validation split
 and on the target's greedy answers to Spec-Bench prompts (as `heads_variants.py`):
 
-    .venv/bin/python benchmarks/heads_data_scaling.py [--steps 400] [--fractions 0.25,0.5,1]
+    .venv/bin/python experiments/heads_data_scaling.py [--steps 400] [--fractions 0.25,0.5,1]
+        [--data DIR] [--per-category 3]
 
 The slope over doublings of the data is what a larger data set could be expected to buy. As in
 `heads_variants.py`, agreement counts only positions whose token is in the reduced vocabulary.
+`--steps 400 --fractions 0.125,0.25,0.5,1` on the stage-2 cache (2,090 sequences) produced the
+"More data?" table of docs/training.md (2026-12-03); log in
+docs/results/heads-variants/data-scaling.log.
 """
 
 import argparse
@@ -20,13 +24,20 @@ from pathlib import Path
 import torch
 
 from mtp_viz.drafters.heads import HeadsSpec, build_heads, trained_parameters
-from mtp_viz.models import cache_root, load_heads_for, load_model, quiet_transformers
+from mtp_viz.models import load_heads_for, load_model, quiet_transformers
 from mtp_viz.training.data import load_sequences
 from mtp_viz.training.heads import HeadsTrainConfig, losses, positions
 from mtp_viz.training.loop import LoopConfig, seed_everything, train
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from heads_variants import MODEL, agreement, shipped_forward, spec_bench_answers  # noqa: E402
+from heads_variants import (  # noqa: E402
+    MODEL,
+    SPEC_BENCH_PER_CATEGORY,
+    agreement,
+    data_folder,
+    shipped_forward,
+    spec_bench_answers,
+)
 
 
 def train_fresh(target, spec: HeadsSpec, vocab: torch.Tensor, seqs, steps: int, cfg: HeadsTrainConfig):
@@ -55,16 +66,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--fractions", default="0.25,0.5,1")
+    p.add_argument("--data", help="`train data` folder (default: <cache>/train/<model>)")
+    p.add_argument("--per-category", type=int, default=SPEC_BENCH_PER_CATEGORY, help="Spec-Bench prompts answered")
     args = p.parse_args()
     quiet_transformers()
     target = load_model(MODEL, "cpu", "float32")
     _, shipped = load_heads_for(target)
     spec, vocab = shipped.spec, shipped.head.ids.cpu()
     h, index = spec.hidden_size, shipped.head.index.cpu()
-    data = cache_root() / "train" / target.name
+    data = data_folder(args.data, target)
     train = list(load_sequences(data, 20, holdout=False))
     val = list(load_sequences(data, 20, holdout=True))
-    bench = spec_bench_answers(target, 3)
+    bench = spec_bench_answers(target, args.per_category)
     cfg = HeadsTrainConfig(loop=LoopConfig(epochs=1, lr=1e-3, weight_decay=0.01))  # AdamW's default decay
     cfg = replace(cfg, loop=replace(cfg.loop, warmup_steps=min(cfg.loop.warmup_steps, args.steps // 4)))
     perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(0)).tolist()

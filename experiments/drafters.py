@@ -1,7 +1,7 @@
 """How well the shipped drafters of the embedded model agree with it, beyond their training data
 (the figures of docs/training.md that are not from `bench`):
 
-    .venv/bin/python benchmarks/drafters.py
+    .venv/bin/python experiments/drafters.py [--held-out 6] [--categories 8]
 
 1. Held-out prompts of the training prompts' own generator (`instruction_prompts` indices
    1200-1205, which training did not use): greedy decoding with the real strategies, 48 new
@@ -10,8 +10,15 @@
 2. Is the reduced vocabulary what holds them back? Teacher-forced on the target's greedy answers
    (64 tokens) to the first prompt of 8 Spec-Bench categories: top-1 agreement of the draft and
    of the heads (depth 1) when scored with their reduced head and with the target's full head.
+
+Produced, in docs/training.md: "What they measured", table 2 (part 1) and the reduced-vs-full
+head figures under "Why, and what would close the gap" (part 2), both with the stage-1 weights
+(2026-12-03 morning); and the "teacher-forced top-1 on Spec-Bench answers" rows of the stage-2
+table (part 2, stage 2: the weights shipped now, so a run today gives that column). Smaller
+`--held-out` / `--categories` only try it quickly.
 """
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -32,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import decode  # noqa: E402  the tests' direct strategy driver
 
 MODEL, DRAFT = "smollm2-135m", "smollm2-135m-draft"
+HELD_OUT_FROM = 1200  # instruction_prompts' first index that training did not use
 
 
 def rates(target, prompt_ids, strategy, **kw) -> tuple[float, float]:
@@ -43,6 +51,10 @@ def rates(target, prompt_ids, strategy, **kw) -> tuple[float, float]:
 
 @torch.inference_mode()
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--held-out", type=int, default=6, help="part 1: prompts (indices 1200 on)")
+    parser.add_argument("--categories", type=int, default=8, help="part 2: Spec-Bench categories (first prompt each)")
+    args = parser.parse_args()
     quiet_transformers()
     target, draft = load_model(MODEL), load_model(DRAFT)
     _, heads = load_heads_for(target)
@@ -53,7 +65,7 @@ def main() -> None:
     trained_set = set(instruction_prompts(DataConfig().instructions))
     print("1. held-out prompts of the training generator (48 greedy tokens)")
     print("   draft acc (untrained) | draft tok/fwd | heads chain-3 tok/fwd (untrained) | prompt")
-    for prompt in instruction_prompts(1206)[1200:]:
+    for prompt in instruction_prompts(HELD_OUT_FROM + args.held_out)[HELD_OUT_FROM:]:
         assert prompt not in trained_set
         ids = run(RunRequest(prompt=prompt, model=MODEL, generation=GenerationSettings(max_new_tokens=1)))
         ids = ids.prompt_token_ids
@@ -66,7 +78,7 @@ def main() -> None:
     firsts: dict[str, str] = {}
     for q in spec_bench():
         firsts.setdefault(q["category"], q["turns"][0])
-    prompts = [encode_prompt(target, p) for p in list(firsts.values())[:8]]
+    prompts = [encode_prompt(target, p) for p in list(firsts.values())[: args.categories]]
     seqs = generate_batch(target, prompts, DataConfig(max_new_tokens=64), Warp(), torch.Generator().manual_seed(0))
     full_head = target.model.lm_head.weight
     counts = {k: [0, 0] for k in ("draft reduced", "draft full", "heads reduced", "heads full")}
@@ -90,7 +102,7 @@ def main() -> None:
         ):
             counts[key][0] += int((guess[n - 2 :] == later[n - 2 :]).sum())
             counts[key][1] += len(later[n - 2 :])
-    print("2. teacher-forced top-1 agreement on Spec-Bench answers (8 categories, 64 tokens)")
+    print(f"2. teacher-forced top-1 agreement on Spec-Bench answers ({len(prompts)} categories, 64 tokens)")
     for key, (same, total) in counts.items():
         print(f"   {key}: {same / total:.3f} ({total} positions)")
 

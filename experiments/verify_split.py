@@ -1,11 +1,15 @@
-"""Where a tree-verification step's time goes on this machine, against a one-token forward:
+"""Where a tree-verification step's time goes on this machine, against a one-token forward.
 
-    .venv/bin/python benchmarks/verify_split.py [--context 300] [--repeats 30]
+    .venv/bin/python experiments/verify_split.py [--context 300] [--repeats 30] [--model smollm2-135m]
 
 Times, interleaved round-robin so drift hits every variant alike: a plain one-token forward (what
 autoregressive decoding pays), forward_hidden with 0..4 extra tokens as a chain and as the
 default tree, and the greedy accept rule on the result. Medians in ms, and ratios to the plain
-forward."""
+forward.
+
+Produced the figures in docs/BENCHMARKS.md, "Verify-cost curve, draft cost ratio and early-exit
+agreement on this CPU (issue 6)": 300 cached tokens, tree `0,1,00` forward 1.20x, the accept
+rule 0.005x (2026-12-03 16:19 UTC)."""
 
 import argparse
 import statistics
@@ -14,17 +18,19 @@ import time
 import torch
 
 from mtp_viz.cache import CachedModel, node_depths, tree_visibility
+from mtp_viz.clock import Clock
 from mtp_viz.models import load_model
 from mtp_viz.strategies.base import DecodeContext, GenerationSettings, verify_tree
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--context", type=int, default=300)
     p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--model", default="smollm2-135m")
     args = p.parse_args()
     torch.manual_seed(0)
-    target = load_model("smollm2-135m", "cpu", "float32")
+    target = load_model(args.model, "cpu", "float32")
     vocab = target.model.config.vocab_size
     seq = torch.randint(0, vocab, (args.context,)).tolist()
     cached = CachedModel(target.model, vocab)
@@ -32,8 +38,14 @@ def main() -> None:
         cached.forward(seq[:-1])
     base = len(seq) - 1
     shapes = {"chain-1": [-1], "chain-2": [-1, 0], "tree 0,1,00": [-1, -1, 0], "chain-4": [-1, 0, 1, 2]}
-    ctx = DecodeContext.__new__(DecodeContext)  # only what verify_tree reads
-    ctx.generation, ctx.record_probs = GenerationSettings(), True
+    ctx = DecodeContext(  # greedy, full recording: what verify_tree reads
+        target=target.model,
+        prompt_ids=seq,
+        generation=GenerationSettings(),
+        eos_token_ids=frozenset(),
+        vocab_size=vocab,
+        clock=Clock(),
+    )
 
     def forward(feed):
         """A timed variant: one forward from the fixed cache, then back to it."""

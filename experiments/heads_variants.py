@@ -4,9 +4,15 @@ the cached training data (`python -m mtp_viz train data`) and compares its depth
 agreement with the target (teacher-forced) against the shipped heads', on the training run's
 validation split and on the target's greedy answers to Spec-Bench prompts:
 
-    .venv/bin/python benchmarks/heads_variants.py --variant attention --steps 1000
-    .venv/bin/python benchmarks/heads_variants.py --variant attention --steps 400 --subset 800
-    .venv/bin/python benchmarks/heads_variants.py --variant attention+layers --steps 400 --subset 800
+    .venv/bin/python experiments/heads_variants.py --variant attention --steps 1000
+    .venv/bin/python experiments/heads_variants.py --variant attention --steps 400 --subset 800
+    .venv/bin/python experiments/heads_variants.py --variant attention+layers --steps 400 --subset 800
+
+(`--data DIR` reads another `train data` folder; `--per-category N` answers fewer Spec-Bench
+prompts: both for trying it at a small size.) These three runs produced the table of
+docs/training.md, "Two richer heads architectures" (2026-12-03, on the stage-2 cache of 2,090
+sequences); their logs are docs/results/heads-variants/attention-1000.log, attention-400-800.log
+and layers-400-800.log. Neither variant was built into the strategies.
 
 - attention: the shipped heads' block (fuse h_t with x_{t+1}, SwiGLU MLP, final norm; started
   from the shipped weights) with one causal self-attention layer between fuse and MLP, over every
@@ -29,6 +35,7 @@ each prompt cut to its last 700 tokens, generated in left-padded batches of 8.
 import argparse
 import math
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -177,24 +184,31 @@ def spec_bench_answers(target, per_category: int):
     return seqs
 
 
+def data_folder(arg: str | None, target) -> Path:
+    """`train data`'s folder for the target: the given one, else its default in the cache."""
+    return Path(arg) if arg else cache_root() / "train" / target.name
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variant", choices=("attention", "attention+layers"), default="attention")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--subset", type=int, default=0, help="train on this many sequences (0: all)")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--data", help="`train data` folder (default: <cache>/train/<model>)")
+    p.add_argument("--per-category", type=int, default=SPEC_BENCH_PER_CATEGORY, help="Spec-Bench prompts answered")
     args = p.parse_args()
     quiet_transformers()
     torch.manual_seed(0)
     target = load_model(MODEL, "cpu", "float32")
     _, shipped = load_heads_for(target)
     h, index = shipped.spec.hidden_size, shipped.head.index.cpu()
-    data = cache_root() / "train" / target.name
+    data = data_folder(args.data, target)
     train = list(load_sequences(data, 20, holdout=False))
     val = list(load_sequences(data, 20, holdout=True))
     if args.subset:
         train = train[::2][: args.subset]
-    bench = spec_bench_answers(target, SPEC_BENCH_PER_CATEGORY)
+    bench = spec_bench_answers(target, args.per_category)
     extra = args.variant == "attention+layers"
     if extra:
         started = time.perf_counter()
