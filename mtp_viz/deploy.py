@@ -10,7 +10,7 @@ import torch
 
 from mtp_viz.errors import UserError
 from mtp_viz.labels import BENCH_COLUMNS, is_peer
-from mtp_viz.models import load_heads_for, load_model
+from mtp_viz.models import load_heads_for, load_model, resolve_device
 from mtp_viz.registry import load_registry
 from mtp_viz.runner import build_strategy_settings, parse_variant
 from mtp_viz.strategies import STRATEGIES, get_strategy
@@ -113,7 +113,7 @@ def label_cost(model: str, label: str, row: pd.Series, context: int) -> DeployCo
     heads or mask-token model as a run would, and its forwards per token from the summary row."""
     name, values = parse_variant(label)
     spec = get_strategy(name)
-    settings = build_strategy_settings(name, values)
+    settings = build_strategy_settings(name, values, resolve_device(None).type)
     registry = load_registry()
     entry = registry.get(model)
     target, extra = model, None

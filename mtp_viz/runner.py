@@ -29,6 +29,7 @@ from mtp_viz.models import (
 from mtp_viz.registry import load_registry
 from mtp_viz.strategies import STRATEGIES, get_strategy
 from mtp_viz.strategies.base import DecodeContext, GenerationSettings
+from mtp_viz.strategies.settings import for_device
 from mtp_viz.trace import STOP_CANCELLED, STOP_EOS, STOP_MAX_NEW_TOKENS, Step, Trace
 
 log = logging.getLogger(__name__)
@@ -126,15 +127,16 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
     return name, values
 
 
-def build_strategy_settings(strategy: str, values: dict[str, Any]):
-    """Keyword values → the strategy's frozen settings; unknown keys are an error."""
+def build_strategy_settings(strategy: str, values: dict[str, Any], device_type: str):
+    """Keyword values → the strategy's frozen settings, the device's defaults for the rest
+    ("cpu", "cuda", ...); unknown keys are an error."""
     spec = get_strategy(strategy)
     known = setting_names(strategy)
     unknown = sorted(set(values) - known)
     if unknown:
         allowed = ", ".join(sorted(known)) or "none"
         raise InvalidSettingsError(f"strategy {strategy} has no setting {', '.join(unknown)} (settings: {allowed})")
-    return spec.settings_cls(**values)
+    return for_device(spec.settings_cls, device_type, values)
 
 
 class Run:
@@ -145,12 +147,12 @@ class Run:
             request = replace(request, prompt=valid_unicode(request.prompt))
         self.request = request
         self.spec = get_strategy(request.strategy)
-        self.settings = build_strategy_settings(request.strategy, request.strategy_settings)
+        device = resolve_device(request.device)
+        self.settings = build_strategy_settings(request.strategy, request.strategy_settings, device.type)
         if request.record not in (RECORD_FULL, RECORD_MINIMAL):
             raise InvalidSettingsError(f"record must be {RECORD_FULL} or {RECORD_MINIMAL}")
         if request.compile not in COMPILE_CHOICES:
             raise InvalidSettingsError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, got {request.compile!r}")
-        device = resolve_device(request.device)
         model_name = request.model or load_registry().default_for(device.type)
         self.target = load_model(model_name, request.device, request.dtype)
         self.draft = self._load_draft(model_name) if self.spec.needs_draft else None

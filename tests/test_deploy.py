@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from conftest import tiny_model
 
+from mtp_viz import profile
 from mtp_viz.__main__ import main
 from mtp_viz.deploy import DEPLOY_CONTEXT, concurrency_curves, deploy_table, kv_cache_bytes
 from mtp_viz.errors import InvalidSettingsError
@@ -37,7 +38,27 @@ def test_batch_profile_times_every_b_and_k_relative_to_one_token():
     model = tiny_model()
     cost, one = batch_profile(model, sizes=(1, 3), ks=(1, 2, 5), repeats=1, context=8)
     assert set(cost) == {1, 3} and all(set(row) == {1, 2, 5} for row in cost.values())
-    assert all(row[1] == 1.0 for row in cost.values()) and all(t > 0 for t in one.values())
+    assert all(t > 0 for t in one.values()) and all(v > 0 for row in cost.values() for v in row.values())
+
+
+def test_batch_profile_takes_medians_over_rounds_then_divides_by_one_token(monkeypatch):
+    """Scripted timings T(B, k) = B·(1 + (k−1)/2)·f, with f = 1, 3, 2 in the three rounds: the
+    median round is f = 2, so T(B, 1) = 2B and the cost of k tokens is 1 + (k−1)/2."""
+    rounds = {}
+
+    class Timer:
+        def __init__(self, model, b, context):
+            self.b = b
+
+        def time(self, k):
+            n = rounds.setdefault((self.b, k), 0)
+            rounds[self.b, k] = n + 1
+            return self.b * (1 + (k - 1) / 2) * (1, 3, 2)[n]
+
+    monkeypatch.setattr(profile, "_BatchTimer", Timer)
+    cost, one = batch_profile(None, sizes=(1, 4), ks=(1, 3, 5), repeats=3)
+    assert one == {1: 2.0, 4: 8.0}
+    assert cost == {b: {1: 1.0, 3: 2.0, 5: 3.0} for b in (1, 4)}
 
 
 def test_profile_command_records_b_by_k_timings_and_refuses_bad_sizes(use_tiny_registry, tmp_path, capsys):

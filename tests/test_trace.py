@@ -5,8 +5,9 @@ import json
 import pytest
 from conftest import decode, perturbed, tiny_model
 
+from mtp_viz import clock
 from mtp_viz.errors import InvalidTraceError
-from mtp_viz.runner import RunRequest, run
+from mtp_viz.runner import Run, RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import ORIGINS, SCHEMA_VERSION, Trace, summarize
 
@@ -170,13 +171,13 @@ def test_minimal_recording_keeps_ids_and_drops_texts(use_tiny_registry):
     assert all(t.text == "" and t.p is None for s in minimal.steps for t in s.emitted)
 
 
-def test_wall_time_excludes_time_the_consumer_holds_the_stream(use_tiny_registry):
-    import time
-
-    from mtp_viz.runner import Run
-
+def test_wall_time_excludes_time_the_consumer_holds_the_stream(use_tiny_registry, monkeypatch):
+    """On a scripted clock that moves only while the consumer holds each step (100 s a step),
+    the run's wall time is its decoding time, not the consumer's."""
+    now = [1000.0]
+    monkeypatch.setattr(clock.time, "perf_counter", lambda: now[0])
     r = Run(RunRequest(prompt="the cat sat", model="tiny", generation=GenerationSettings(max_new_tokens=4)))
     for _ in r.steps():
-        time.sleep(0.2)
-    decoding = sum(s.step_s for s in r.trace.steps)
-    assert decoding <= r.trace.wall_time_s < decoding + 0.15
+        now[0] += 100.0
+    assert len(r.trace.steps) >= 2
+    assert r.trace.wall_time_s == sum(s.step_s for s in r.trace.steps) == 0.0

@@ -2,14 +2,12 @@
 
 import copy
 
-import plotly.graph_objects as go
-import pytest
 from conftest import decode, perturbed, tiny_model
 
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import ORIGINS, VERDICTS, DraftToken, EmittedToken, Step, Trace
 from mtp_viz.viz import figures
-from mtp_viz.viz.style import ORIGIN_COLOURS
+from mtp_viz.viz.style import ORIGIN_COLOURS, VERDICT_COLOURS
 from mtp_viz.viz.tables import metrics_table, summary_html
 from mtp_viz.viz.tokens import step_detail_html, tokens_html
 
@@ -107,19 +105,25 @@ def test_step_detail_explains_each_verdict():
     assert "argmax is a different token" in greedy
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        figures.step_timeline,
-        figures.position_acceptance,
-        figures.accepted_length_histogram,
-        lambda t: figures.step_probabilities(t, 1),
-    ],
-)
-def test_figures_build_from_a_trace(make):
-    fig = make(canned_trace())
-    assert isinstance(fig, go.Figure) and fig.data
-    assert "<img" not in fig.to_json()
+def series(fig) -> dict:
+    return {d.name: (list(d.x), [round(v, 6) for v in d.y]) for d in fig.data}
+
+
+def test_figures_draw_what_the_trace_holds():
+    trace = canned_trace()
+    timeline = series(figures.step_timeline(trace))
+    assert timeline["drafting"][1] == [0.0, 10.0, 0.0, 0.0]  # ms, step 1 only is timed
+    assert timeline["verifying (target forward)"][1] == [0.0, 20.0, 0.0, 0.0]
+    assert timeline["other"][1] == [0.0, 1.0, 0.0, 0.0]  # 31 ms − 10 − 20
+    assert timeline["tokens drafted"][1] == [0, 3, 1, 0] and timeline["tokens emitted"][1] == [1, 2, 2, 1]
+    # position 1: accepted in steps 1 and 2; position 2 rejected; position 3 skipped after it
+    assert series(figures.position_acceptance(trace))[None] == ([1, 2, 3], [1.0, 0.0, 0.0])
+    assert series(figures.accepted_length_histogram(trace))[None] == ([1, 2], [2, 2])  # two 1-token, two 2-token steps
+    probs = figures.step_probabilities(trace, 1)
+    assert series(probs)["q (draft)"][1] == [0.7, 0.6, 0.5] and series(probs)["p (target)"][1] == [0.8, 0.1, 0.2]
+    assert list(probs.data[1].marker.line.color) == [VERDICT_COLOURS[v] for v in ("accepted", "rejected", "skipped")]
+    for fig in (figures.step_timeline(trace), probs):
+        assert "<img" not in fig.to_json()  # token texts escaped
 
 
 def test_figures_from_a_real_run():

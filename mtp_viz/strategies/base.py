@@ -4,18 +4,16 @@ chain and tree verification, and the step recorder.
 A strategy is a generator `run(ctx, settings) -> Iterator[Step]` that yields one Step per target
 forward, as it happens. It knows its algorithm and nothing about the UI. Every loop has one shape:
 
-    steps = StepRecorder(ctx.clock)
-    while not ctx.done:
-        steps.start()
-        ...propose...;  steps.mark(DRAFT)
-        ...verify...;   steps.mark(VERIFY)
+    steps = StepRecorder(ctx)
+    while steps.begin():
+        ...propose...;  steps.drafted()
+        ...verify...;   steps.verified()
         ...accept, commit...
         yield steps.step(outcome, drafted=..., input_tokens=..., kv_len=...)
 """
 
-import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,6 +31,7 @@ from mtp_viz.sampling import (
     verify_tree_greedy,
     verify_tree_sampling,
 )
+from mtp_viz.strategies.settings import MAX_TEMPERATURE, MAX_TOP_K, check_float, check_int
 from mtp_viz.trace import (
     ACCEPTED,
     AUTOREGRESSIVE,
@@ -45,8 +44,6 @@ from mtp_viz.trace import (
 )
 
 MAX_NEW_TOKENS_LIMIT = 4096
-MAX_TOP_K = 1_000_000
-MAX_TEMPERATURE = 100.0
 
 
 @dataclass(frozen=True)
@@ -58,54 +55,17 @@ class GenerationSettings:
     seed: int = 0
 
     def __post_init__(self):
-        _check_int("max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS_LIMIT)
-        _check_float("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
-        _check_int("top_k", self.top_k, 0, MAX_TOP_K)
-        _check_float("top_p", self.top_p, 0.0, 1.0)
+        check_int("max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS_LIMIT)
+        check_float("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        check_int("top_k", self.top_k, 0, MAX_TOP_K)
+        check_float("top_p", self.top_p, 0.0, 1.0)
         if self.top_p == 0.0:
             raise InvalidSettingsError("top_p must be in (0, 1]; use temperature 0 for greedy decoding")
-        _check_int("seed", self.seed, 0, 2**63 - 1)
+        check_int("seed", self.seed, 0, 2**63 - 1)
 
     @property
     def warp(self) -> Warp:
         return Warp(self.temperature, self.top_k, self.top_p)
-
-
-def _check_int(name: str, value: Any, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidSettingsError(f"{name} must be an integer, got {value!r}")
-    if not low <= value <= high:
-        raise InvalidSettingsError(f"{name} must be between {low} and {high}, got {value}")
-
-
-def _check_float(name: str, value: Any, low: float, high: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidSettingsError(f"{name} must be a finite number, got {value!r}")
-    if not low <= value <= high:
-        raise InvalidSettingsError(f"{name} must be between {low} and {high}, got {value}")
-
-
-def setting(default, label: str, *, low=None, high=None, choices=None, step=None, help: str = ""):
-    """A strategy setting: its default, and what the UI, the CLI and validation need to know."""
-    meta = {"label": label, "low": low, "high": high, "choices": choices, "step": step, "help": help}
-    return field(default=default, metadata=meta)
-
-
-def check_settings(settings) -> None:
-    """Validate every `setting` field of a frozen settings dataclass: type, range, choices."""
-    for f in fields(settings):
-        m, value = f.metadata, getattr(settings, f.name)
-        if isinstance(f.default, bool):
-            if not isinstance(value, bool):
-                raise InvalidSettingsError(f"{f.name} must be true or false, got {value!r}")
-        elif isinstance(f.default, int):
-            _check_int(f.name, value, m.get("low", 0), m.get("high", MAX_TOP_K))
-        elif isinstance(f.default, float):
-            _check_float(f.name, value, m.get("low", 0.0), m.get("high", MAX_TEMPERATURE))
-        elif m.get("choices") and value not in m["choices"]:
-            raise InvalidSettingsError(f"{f.name} must be one of {', '.join(m['choices'])}, got {value!r}")
-        elif not isinstance(value, str):
-            raise InvalidSettingsError(f"{f.name} must be text, got {value!r}")
 
 
 @dataclass
@@ -175,9 +135,9 @@ class StrategySpec:
     name: str
     settings_cls: type
     run: Callable[[DecodeContext, Any], Iterator[Step]]
-    needs_draft: bool
-    lossless: bool
     summary: str
+    lossless: bool = True
+    needs_draft: bool = False
     needs_heads: bool | Callable[[Any, int | None], bool] = False  # or f(settings, mask_token_id)
     lossy_when: Callable[[dict], bool] | None = None  # settings (as in a trace) that make it lossy
     uses_masks: bool | Callable[[Any], bool] = False  # or f(settings): run on the model's mask-token model
@@ -294,17 +254,28 @@ DRAFT, VERIFY = "draft", "verify"
 
 class StepRecorder:
     """A strategy's steps as they happen: owns the clock readings and the step index, and builds
-    each Step. `mark(phase)` gives the time since the previous mark (or the start) to a phase."""
+    each Step. `drafted()` / `verified()` end a phase: the time since the previous one ended (or
+    the step began) is the phase's."""
 
-    def __init__(self, clock: Clock):
-        self.clock = clock
+    def __init__(self, ctx: DecodeContext):
+        self.ctx, self.clock = ctx, ctx.clock
         self.index = 0  # of the step being recorded
 
-    def start(self) -> None:
+    def begin(self) -> bool:
+        """Start the next step's clock; False once decoding is done (EOS or the token budget)."""
+        if self.ctx.done:
+            return False
         self._start = self._last = self.clock.now()
         self._phases = {DRAFT: 0.0, VERIFY: 0.0}
+        return True
 
-    def mark(self, phase: str) -> None:
+    def drafted(self) -> None:
+        self._end_phase(DRAFT)
+
+    def verified(self) -> None:
+        self._end_phase(VERIFY)
+
+    def _end_phase(self, phase: str) -> None:
         now = self.clock.now()
         self._phases[phase] += now - self._last
         self._last = now

@@ -23,11 +23,13 @@ import torch
 
 from mtp_viz.cache import CachedModel
 from mtp_viz.errors import UserError
-from mtp_viz.strategies.base import VERIFY, DecodeContext, Outcome, StepRecorder, StrategySpec, check_settings, setting
+from mtp_viz.strategies.base import DecodeContext, Outcome, StepRecorder, StrategySpec
 from mtp_viz.strategies.mtp_heads import propose
+from mtp_viz.strategies.settings import check_settings, setting
 from mtp_viz.trace import AUTOREGRESSIVE, UNVERIFIED, EmittedToken, Step
 
 NAME = "conf_adapt"
+SUMMARY = "Predicts k tokens per forward and emits the confident prefix, without verification (lossy)."
 MAX_K = 16
 ADAPTIVE, FIXED = "adaptive", "fixed"
 AUTO, MASK_TOKENS, HEADS = "auto", "mask_tokens", "heads"
@@ -96,9 +98,8 @@ def run(ctx: DecodeContext, settings: ConfAdaptSettings) -> Iterator[Step]:
     if not heads and settings.mask_layout == OFFSET and hasattr(ctx.target, "mtp_mask_spec"):
         raise UserError("this mask-token adapter has one mask id: use mask_layout=repeat")
     target = CachedModel(ctx.target, ctx.vocab_size)
-    steps = StepRecorder(ctx.clock)
-    while not ctx.done:
-        steps.start()
+    steps = StepRecorder(ctx)
+    while steps.begin():
         k = min(settings.k, ctx.remaining)
         fed = len(ctx.seq) - target.length + (0 if heads else k - 1)
         # predict: k tokens from one target forward (the first is ordinary next-token prediction)
@@ -106,7 +107,7 @@ def run(ctx: DecodeContext, settings: ConfAdaptSettings) -> Iterator[Step]:
             tokens, confidence = predict_with_heads(ctx, target, k)
         else:
             tokens, confidence = predict_with_masks(ctx, target, k, settings.mask_layout)
-        steps.mark(VERIFY)
+        steps.verified()
         # emit: the confident prefix (or all k), cut after EOS and at the budget; no verification
         emitted_ids = ctx.clip(tokens[: emit_count(confidence, settings.tau, settings.mode == FIXED)])
         ctx.output.extend(emitted_ids)
@@ -114,21 +115,16 @@ def run(ctx: DecodeContext, settings: ConfAdaptSettings) -> Iterator[Step]:
             EmittedToken(t, AUTOREGRESSIVE if i == 0 else UNVERIFIED, confidence=None if i == 0 else confidence[i])
             for i, t in enumerate(emitted_ids)
         ]
-        yield steps.step(
-            Outcome(emitted),
-            input_tokens=fed,
-            kv_len=target.length,
-            extra={"predicted": tokens, "confidence": confidence, "tau": settings.tau, "heads": heads},
-        )
+        extra = {"predicted": tokens, "confidence": confidence, "tau": settings.tau, "heads": heads}
+        yield steps.step(Outcome(emitted), input_tokens=fed, kv_len=target.length, extra=extra)
 
 
 SPEC = StrategySpec(
-    name=NAME,
-    settings_cls=ConfAdaptSettings,
-    run=run,
-    needs_draft=False,
+    NAME,
+    ConfAdaptSettings,
+    run,
+    SUMMARY,
     needs_heads=uses_heads,
     uses_masks=lambda settings: settings.predictor != HEADS,
     lossless=False,
-    summary="Predicts k tokens per forward and emits the confident prefix, without verification (lossy).",
 )

@@ -26,20 +26,12 @@ from dataclasses import dataclass
 import torch
 
 from mtp_viz.cache import CachedModel, node_depths, tree_visibility
-from mtp_viz.strategies.base import (
-    DRAFT,
-    VERIFY,
-    DecodeContext,
-    StepRecorder,
-    StrategySpec,
-    check_settings,
-    record_tree,
-    setting,
-    verify_tree,
-)
+from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, record_tree, verify_tree
+from mtp_viz.strategies.settings import check_settings, setting
 from mtp_viz.trace import DraftToken, Step
 
 NAME = "lookahead"
+SUMMARY = "Jacobi iterations fill an n-gram pool; pool hits are verified in the same forward."
 JACOBI = "jacobi"  # an n-gram the Jacobi window produced
 PROMPT = "prompt"  # an n-gram copied from the prompt (pool_from_prompt)
 MAX_LEVEL, MAX_WINDOW, MAX_GUESS = 16, 32, 32
@@ -126,9 +118,8 @@ def run(ctx: DecodeContext, settings: LookaheadSettings) -> Iterator[Step]:
         p = ctx.prompt_ids
         for i in range(len(p) - settings.level + 1):
             pool.add(p[i], tuple(p[i + 1 : i + settings.level]), PROMPT)
-    steps = StepRecorder(ctx.clock)
-    while not ctx.done:
-        steps.start()
+    steps = StepRecorder(ctx)
+    while steps.begin():
         seq = ctx.seq
         cur = seq[-1]
         # propose: pool n-grams that follow the current token, merged into a tree
@@ -137,11 +128,11 @@ def run(ctx: DecodeContext, settings: LookaheadSettings) -> Iterator[Step]:
         extra = [t for level in window for t in level] + tokens
         offsets = slot_offsets + node_depths(parents)
         seen = torch.block_diag(slot_seen, tree_visibility(parents))
-        steps.mark(DRAFT)
+        steps.drafted()
         # verify: one forward over cur, the Jacobi window and the candidate tree
         fed = len(seq) - target.length + len(extra)
         logits, _ = target.forward_hidden(seq, extra, offsets, seen)  # (1 + slots + nodes, V)
-        steps.mark(VERIFY)
+        steps.verified()
         # accept: the longest candidate path the target agrees with (rows: root, then nodes)
         verdict, p_target = verify_tree(ctx, torch.cat([logits[:1], logits[1 + len(slots) :]]), tokens, parents)
         # Jacobi: the last level's outputs are the new level; harvest n-grams; shift the window
@@ -153,20 +144,10 @@ def run(ctx: DecodeContext, settings: LookaheadSettings) -> Iterator[Step]:
         emitted_ids = ctx.clip([tokens[i] for i in verdict.path] + [verdict.next_token])
         ctx.output.extend(emitted_ids)
         target.keep(len(seq), [len(slots) + i for i in verdict.path[: len(emitted_ids) - 1]])
-        yield steps.step(
-            record_tree(verdict, p_target, tokens, parents, emitted_ids),
-            drafted=[DraftToken(t, o, 1.0, parent=par) for t, o, par in zip(tokens, origins, parents, strict=True)],
-            input_tokens=fed,
-            kv_len=target.length,
-            extra={"window": [list(level) for level in window], "pool_size": len(pool), "hits": len(hits)},
-        )
+        outcome = record_tree(verdict, p_target, tokens, parents, emitted_ids)
+        drafted = [DraftToken(t, o, 1.0, parent=par) for t, o, par in zip(tokens, origins, parents, strict=True)]
+        extra = {"window": [list(level) for level in window], "pool_size": len(pool), "hits": len(hits)}
+        yield steps.step(outcome, drafted=drafted, input_tokens=fed, kv_len=target.length, extra=extra)
 
 
-SPEC = StrategySpec(
-    name=NAME,
-    settings_cls=LookaheadSettings,
-    run=run,
-    needs_draft=False,
-    lossless=True,
-    summary="Jacobi iterations fill an n-gram pool; pool hits are verified in the same forward.",
-)
+SPEC = StrategySpec(NAME, LookaheadSettings, run, SUMMARY)

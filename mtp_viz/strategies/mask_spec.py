@@ -31,28 +31,19 @@ from dataclasses import dataclass
 from mtp_viz.cache import CachedModel
 from mtp_viz.drafters.mask import MASK_ONLY
 from mtp_viz.errors import UserError
-from mtp_viz.strategies.base import (
-    DRAFT,
-    VERIFY,
-    DecodeContext,
-    StepRecorder,
-    StrategySpec,
-    chain_drafts,
-    check_settings,
-    draft_tokens,
-    setting,
-    verify_chain,
-)
+from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, chain_drafts, draft_tokens, verify_chain
+from mtp_viz.strategies.settings import check_settings, setting
 from mtp_viz.trace import BONUS, VERDICT_ACCEPTED, Step
 
 NAME = "mask_spec"
+SUMMARY = "Mask tokens draft k−1 guesses; the next forward verifies them while its masks draft the next ones."
 MAX_K = 16
 MASK_SOURCE = "mask_token"
 
 
 @dataclass(frozen=True)
 class MaskSpecSettings:
-    k: int = setting(2, "Predictions per forward k (1 real + k−1 masks)", low=2, high=MAX_K)
+    k: int = setting(2, "Predictions per forward k (1 real + k−1 masks)", low=2, high=MAX_K, gpu=4)
     branches: bool = setting(True, "A mask block after every guess (a rejection still leaves guesses)")
 
     def __post_init__(self):
@@ -75,9 +66,8 @@ def run(ctx: DecodeContext, settings: MaskSpecSettings) -> Iterator[Step]:
     target = CachedModel(ctx.target, ctx.vocab_size)
     guesses: list[int] = []  # drafted by the last step's masks, verified by this step
     q_draft, q = None, []
-    steps = StepRecorder(ctx.clock)
-    while not ctx.done:
-        steps.start()
+    steps = StepRecorder(ctx)
+    while steps.begin():
         keep = max(0, min(len(guesses), ctx.remaining - 1))  # never verify past the budget
         guesses, q = guesses[:keep], q[:keep]
         q_draft = None if q_draft is None else q_draft[:keep]
@@ -91,7 +81,7 @@ def run(ctx: DecodeContext, settings: MaskSpecSettings) -> Iterator[Step]:
             logits = target.forward_branches(ctx.seq + guesses, branches, logits_to_keep=1 + len(guesses))
         else:
             logits = target.forward(ctx.seq + guesses + block, logits_to_keep=1 + len(guesses) + len(block))
-        steps.mark(VERIFY)
+        steps.verified()
         # accept: the longest acceptable prefix of the guesses, then the model's own token
         result = verify_chain(ctx, logits[: len(guesses) + 1], guesses, q_draft)
         drafted = chain_drafts(guesses, MASK_SOURCE, q)
@@ -106,23 +96,10 @@ def run(ctx: DecodeContext, settings: MaskSpecSettings) -> Iterator[Step]:
         next_guesses, q_draft, q = (
             draft_tokens(ctx, logits[first : first + len(block)]) if settings.branches or all_taken else ([], None, [])
         )
-        steps.mark(DRAFT)
-        yield steps.step(
-            result,
-            drafted=drafted,
-            input_tokens=fed,
-            kv_len=target.length,
-            extra={"masks": len(anchors) * len(block), "cropped_positions": cropped, "next_guesses": next_guesses},
-        )
+        steps.drafted()
+        extra = {"masks": len(anchors) * len(block), "cropped_positions": cropped, "next_guesses": next_guesses}
+        yield steps.step(result, drafted=drafted, input_tokens=fed, kv_len=target.length, extra=extra)
         guesses = next_guesses
 
 
-SPEC = StrategySpec(
-    name=NAME,
-    settings_cls=MaskSpecSettings,
-    run=run,
-    needs_draft=False,
-    lossless=True,
-    uses_masks=True,
-    summary="Mask tokens draft k−1 guesses; the next forward verifies them while its masks draft the next ones.",
-)
+SPEC = StrategySpec(NAME, MaskSpecSettings, run, SUMMARY, uses_masks=True)

@@ -17,20 +17,12 @@ import torch
 from mtp_viz.cache import CachedModel, node_depths, tree_visibility
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.sampling import probs_from_logits, verify_tree_typical
-from mtp_viz.strategies.base import (
-    DRAFT,
-    VERIFY,
-    DecodeContext,
-    StepRecorder,
-    StrategySpec,
-    check_settings,
-    record_tree,
-    setting,
-    verify_tree,
-)
+from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, record_tree, verify_tree
+from mtp_viz.strategies.settings import check_settings, setting
 from mtp_viz.trace import DraftToken, Step
 
 NAME = "mtp_heads"
+SUMMARY = "Trained MTP heads guess a chain or tree of next tokens; the target verifies all in one forward."
 CHAIN = "chain"
 # Three guesses (the top two for the next token, one more after the first): on a CPU verifying 2-4
 # tokens costs 1.0-1.3x a one-token forward, 5 about 1.5x and 6-16 two or more (docs/BENCHMARKS.md).
@@ -46,7 +38,7 @@ ACCEPTANCES = (EXACT, TYPICAL)
 
 @dataclass(frozen=True)
 class MTPHeadsSettings:
-    tree: str = setting(DEFAULT_TREE, "Tree: 'chain', or rank paths from the root (0,1,00,…)")
+    tree: str = setting(DEFAULT_TREE, "Tree: 'chain', or rank paths from the root (0,1,00,…)", gpu=LARGE_TREE)
     num_guesses: int = setting(4, "Chain length (tree = chain)", low=1, high=MAX_GUESSES)
     acceptance: str = setting(EXACT, "Acceptance (typical is lossy)", choices=ACCEPTANCES)
     typical_epsilon: float = setting(0.09, "Typical: hard floor ε", low=0.0, high=1.0, step=0.01)
@@ -127,18 +119,17 @@ def run(ctx: DecodeContext, settings: MTPHeadsSettings) -> Iterator[Step]:
     target = CachedModel(ctx.target, ctx.vocab_size)
     paths = settings.paths
     hidden = None  # the target's final hidden state that produced the last output token
-    steps = StepRecorder(ctx.clock)
-    while not ctx.done:
-        steps.start()
+    steps = StepRecorder(ctx)
+    while steps.begin():
         seq = ctx.seq
         # propose: the heads guess a tree of continuations (nothing before the first token)
         shape = within_budget(paths, ctx.remaining - 1) if hidden is not None else []
         tokens, parents, q = propose(ctx.heads, hidden, seq[-1], shape) if shape else ([], [], [])
-        steps.mark(DRAFT)
+        steps.drafted()
         # verify: one target forward over the unseen tokens and every node, tree-masked
         fed = len(seq) - target.length + len(tokens)
         logits, hiddens = target.forward_hidden(seq, tokens, node_depths(parents), tree_visibility(parents))
-        steps.mark(VERIFY)
+        steps.verified()
         # accept: the longest root path the target agrees with, then its own token
         verdict, p_target = verify(ctx, logits, tokens, parents, settings)
         emitted_ids = ctx.clip([tokens[i] for i in verdict.path] + [verdict.next_token])
@@ -147,26 +138,20 @@ def run(ctx: DecodeContext, settings: MTPHeadsSettings) -> Iterator[Step]:
         target.keep(len(seq), verdict.path[: len(emitted_ids) - 1])
         row = verdict.path[len(emitted_ids) - 2] + 1 if len(emitted_ids) > 1 else 0
         hidden = hiddens[row]
-        depths = node_depths(parents)
-        yield steps.step(
-            record_tree(verdict, p_target, tokens, parents, emitted_ids),
-            drafted=[
-                DraftToken(t, f"head_{d}", qi, parent=par)
-                for t, qi, par, d in zip(tokens, q, parents, depths, strict=True)
-            ],
-            input_tokens=fed,
-            kv_len=target.length,
-            extra={"tree": [list(p) for p in shape], "accepted_path": verdict.path[: len(emitted_ids) - 1]},
-        )
+        outcome = record_tree(verdict, p_target, tokens, parents, emitted_ids)
+        drafted = [
+            DraftToken(t, f"head_{d}", qi, parent=par)
+            for t, qi, par, d in zip(tokens, q, parents, node_depths(parents), strict=True)
+        ]
+        extra = {"tree": [list(p) for p in shape], "accepted_path": verdict.path[: len(emitted_ids) - 1]}
+        yield steps.step(outcome, drafted=drafted, input_tokens=fed, kv_len=target.length, extra=extra)
 
 
 SPEC = StrategySpec(
-    name=NAME,
-    settings_cls=MTPHeadsSettings,
-    run=run,
-    needs_draft=False,
+    NAME,
+    MTPHeadsSettings,
+    run,
+    SUMMARY,
     needs_heads=True,
-    lossless=True,
     lossy_when=lambda settings: settings.get("acceptance") == TYPICAL,
-    summary="Trained MTP heads guess a chain or tree of next tokens; the target verifies all in one forward.",
 )

@@ -8,7 +8,7 @@ so a prompt with nothing to copy costs what autoregressive decoding costs.
 Why `min_ngram_size` defaults to 2 (transformers goes down to 1): measured on a laptop CPU with
 `F.linear`, a forward over a draft cost ~2x a one-token forward, and a draft found from a single
 matching token keeps only 0.37 tokens on average (SmolLM2-135M, five Spec-Bench-style prompts;
-2-gram matches keep 0.98, 3-grams 2.36; benchmarks/prompt_lookup_stats.py), so drafting from it
+2-gram matches keep 0.98, 3-grams 2.36; experiments/prompt_lookup_stats.py), so drafting from it
 lost time. With `fast_linear` a 2-4 token verify costs 1.0-1.3x, which lowers that break-even;
 min_ngram_size=1 has not been re-measured on it. On a GPU, where verifying a few tokens costs
 about one forward, `min_ngram_size=1` pays.
@@ -21,32 +21,27 @@ import numpy as np
 
 from mtp_viz.cache import CachedModel
 from mtp_viz.errors import InvalidSettingsError
-from mtp_viz.strategies.base import (
-    DRAFT,
-    VERIFY,
-    DecodeContext,
-    StepRecorder,
-    StrategySpec,
-    chain_drafts,
-    check_settings,
-    setting,
-    verify_chain,
-)
+from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, chain_drafts, verify_chain
+from mtp_viz.strategies.settings import check_settings, setting
 from mtp_viz.trace import Step
 
 NAME = "prompt_lookup"
+SUMMARY = "Drafts by copying what followed the last n-gram earlier in the prompt or output."
 MAX_DRAFT_TOKENS = 64
 MAX_NGRAM_SIZE = 16
 NGRAM_SOURCE = "ngram"
 # Most drafts per step. 3 on a CPU, where verifying 2-4 tokens costs 1.0-1.3x a one-token forward
 # and more cost 1.25-2.6x (docs/BENCHMARKS.md: 1.18x with 3 against 1.02x with 10 on Spec-Bench); where
 # verifying costs little more, as on a GPU, 10 (transformers' and Spec-Bench's choice) pays.
-DEFAULT_DRAFT_TOKENS = 3
+DEFAULT_DRAFT_TOKENS = 3  # on a CPU (docs/BENCHMARKS.md: 10 was slower there)
+GPU_DRAFT_TOKENS = 10  # transformers' prompt_lookup_num_tokens default
 
 
 @dataclass(frozen=True)
 class PromptLookupSettings:
-    num_draft_tokens: int = setting(DEFAULT_DRAFT_TOKENS, "Draft tokens per step (most)", low=1, high=MAX_DRAFT_TOKENS)
+    num_draft_tokens: int = setting(
+        DEFAULT_DRAFT_TOKENS, "Draft tokens per step (most)", low=1, high=MAX_DRAFT_TOKENS, gpu=GPU_DRAFT_TOKENS
+    )
     max_ngram_size: int = setting(3, "Longest n-gram matched", low=1, high=MAX_NGRAM_SIZE)
     min_ngram_size: int = setting(2, "Shortest n-gram matched", low=1, high=MAX_NGRAM_SIZE)
 
@@ -75,39 +70,27 @@ def find_draft(seq: np.ndarray, max_ngram_size: int, min_ngram_size: int, k: int
 
 def run(ctx: DecodeContext, settings: PromptLookupSettings) -> Iterator[Step]:
     target = CachedModel(ctx.target, ctx.vocab_size)
-    steps = StepRecorder(ctx.clock)
-    while not ctx.done:
-        steps.start()
+    steps = StepRecorder(ctx)
+    while steps.begin():
         seq = ctx.seq
         k = min(settings.num_draft_tokens, ctx.remaining - 1)
         # propose: copy what followed the same n-gram earlier
         ids, n, match = (
             find_draft(np.asarray(seq), settings.max_ngram_size, settings.min_ngram_size, k) if k else ([], 0, -1)
         )
-        steps.mark(DRAFT)
+        steps.drafted()
         # verify: one target forward (a plain autoregressive one when nothing matched)
         fed = len(seq) + len(ids) - target.length
         logits = target.forward(seq + ids, logits_to_keep=len(ids) + 1)  # (len(ids)+1, V)
-        steps.mark(VERIFY)
+        steps.verified()
         # accept: the longest prefix the target agrees with, then its own token
         result = verify_chain(ctx, logits, ids, None)
         # commit
         ctx.output.extend(result.tokens)
         target.rollback(len(ctx.seq) - 1)
-        yield steps.step(
-            result,
-            drafted=chain_drafts(ids, NGRAM_SOURCE, [1.0] * len(ids)),
-            input_tokens=fed,
-            kv_len=target.length,
-            extra={"ngram_size": n, "match_start": match},
-        )
+        drafted = chain_drafts(ids, NGRAM_SOURCE, [1.0] * len(ids))
+        extra = {"ngram_size": n, "match_start": match}
+        yield steps.step(result, drafted=drafted, input_tokens=fed, kv_len=target.length, extra=extra)
 
 
-SPEC = StrategySpec(
-    name=NAME,
-    settings_cls=PromptLookupSettings,
-    run=run,
-    needs_draft=False,
-    lossless=True,
-    summary="Drafts by copying what followed the last n-gram earlier in the prompt or output.",
-)
+SPEC = StrategySpec(NAME, PromptLookupSettings, run, SUMMARY)

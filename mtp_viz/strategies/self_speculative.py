@@ -19,21 +19,12 @@ import torch
 from mtp_viz.cache import causal_after
 from mtp_viz.errors import UserError
 from mtp_viz.lean import lean_model, supports
-from mtp_viz.strategies.base import (
-    DRAFT,
-    VERIFY,
-    DecodeContext,
-    StepRecorder,
-    StrategySpec,
-    chain_drafts,
-    check_settings,
-    draft_tokens,
-    setting,
-    verify_chain,
-)
+from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, chain_drafts, draft_tokens, verify_chain
+from mtp_viz.strategies.settings import check_settings, setting
 from mtp_viz.trace import Step
 
 NAME = "self_speculative"
+SUMMARY = "The target's first L layers draft (early exit); the remaining layers verify, sharing the KV cache."
 MAX_DRAFT_TOKENS = 64
 MAX_LAYERS = 256
 EXIT_SOURCE = "early_exit"
@@ -113,9 +104,8 @@ def propose(ctx: DecodeContext, model: SplitModel, root: int, k: int):
 
 def run(ctx: DecodeContext, settings: SelfSpeculativeSettings) -> Iterator[Step]:
     model = SplitModel(ctx.target, settings.exit_layer, ctx.vocab_size)
-    steps = StepRecorder(ctx.clock)
-    while not ctx.done:
-        steps.start()
+    steps = StepRecorder(ctx)
+    while steps.begin():
         seq = ctx.seq
         if steps.index == 0:  # prefill: the prompt through every layer, no draft yet
             ids, q_draft, q = [], None, []
@@ -125,31 +115,21 @@ def run(ctx: DecodeContext, settings: SelfSpeculativeSettings) -> Iterator[Step]
             k = min(settings.num_draft_tokens, ctx.remaining - 1)
             # propose: the early exit guesses k tokens, leaving their layer-L states behind
             ids, q_draft, q, states = propose(ctx, model, seq[-1], k)
-            steps.mark(DRAFT)
+            steps.drafted()
             # verify: the late layers score root + guesses in one pass from those states
             logits = model.upper(states)  # (k+1, V)
             fed = k + 1
-        steps.mark(VERIFY)
+        steps.verified()
         # accept: the longest acceptable prefix, then the target's own token
         result = verify_chain(ctx, logits, ids, q_draft)
         # commit: both stacks keep the accepted tokens' key/values
         ctx.output.extend(result.tokens)
         model.crop(len(ctx.seq) - 1)
+        drafted = chain_drafts(ids, EXIT_SOURCE, q)
+        extra = {"draft_len": len(ids), "exit_layer": settings.exit_layer}
         yield steps.step(
-            result,
-            drafted=chain_drafts(ids, EXIT_SOURCE, q),
-            draft_forwards=len(ids),
-            input_tokens=fed,
-            kv_len=model.upper_len,
-            extra={"draft_len": len(ids), "exit_layer": settings.exit_layer},
+            result, drafted=drafted, draft_forwards=len(ids), input_tokens=fed, kv_len=model.upper_len, extra=extra
         )
 
 
-SPEC = StrategySpec(
-    name=NAME,
-    settings_cls=SelfSpeculativeSettings,
-    run=run,
-    needs_draft=False,
-    lossless=True,
-    summary="The target's first L layers draft (early exit); the remaining layers verify, sharing the KV cache.",
-)
+SPEC = StrategySpec(NAME, SelfSpeculativeSettings, run, SUMMARY)

@@ -18,21 +18,12 @@ from dataclasses import dataclass
 import torch
 
 from mtp_viz.cache import CachedModel
-from mtp_viz.strategies.base import (
-    DRAFT,
-    VERIFY,
-    DecodeContext,
-    StepRecorder,
-    StrategySpec,
-    chain_drafts,
-    check_settings,
-    draft_tokens,
-    setting,
-    verify_chain,
-)
+from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, chain_drafts, draft_tokens, verify_chain
+from mtp_viz.strategies.settings import check_settings, setting
 from mtp_viz.trace import VERDICT_ACCEPTED, Step
 
 NAME = "speculative"
+SUMMARY = "A small draft model proposes k tokens; the target verifies them in one forward."
 MAX_DRAFT_TOKENS = 64
 DRAFT_SOURCE = "draft_model"
 
@@ -43,8 +34,9 @@ SCHEDULES = (CONSTANT, HEURISTIC, CONFIDENCE)
 
 @dataclass(frozen=True)
 class SpeculativeSettings:
+    # on a 2-core CPU one draft token ran at 1.17x AR, five at 0.76x (docs/BENCHMARKS.md); 5 is the GPU size
     num_draft_tokens: int = setting(
-        5, "Draft tokens per step (most, for adaptive schedules)", low=1, high=MAX_DRAFT_TOKENS
+        1, "Draft tokens per step (most, for adaptive schedules)", low=1, high=MAX_DRAFT_TOKENS, gpu=5
     )
     schedule: str = setting(CONSTANT, "Draft length schedule", choices=SCHEDULES)
     confidence_threshold: float = setting(
@@ -89,19 +81,18 @@ def run(ctx: DecodeContext, settings: SpeculativeSettings) -> Iterator[Step]:
     draft = CachedModel(ctx.draft, ctx.vocab_size)
     length = settings.num_draft_tokens
     stop_below = settings.confidence_threshold if settings.schedule == CONFIDENCE else 0.0
-    steps = StepRecorder(ctx.clock)
-    while not ctx.done:
-        steps.start()
+    steps = StepRecorder(ctx)
+    while steps.begin():
         draft_forwards = draft.forwards
         k = min(length, ctx.remaining - 1)  # never draft past the budget
         # propose: the draft guesses up to k tokens
         ids, q_draft, q = propose(ctx, draft, k, stop_below)
         k = len(ids)
-        steps.mark(DRAFT)
+        steps.drafted()
         # verify: one target forward scores every prefix of the guess
         fed = len(ctx.seq) + k - target.length
         logits = target.forward(ctx.seq + ids, logits_to_keep=k + 1)  # (k+1, V)
-        steps.mark(VERIFY)
+        steps.verified()
         # accept: keep the longest acceptable prefix, then the target's own token
         result = verify_chain(ctx, logits, ids, q_draft)
         length = next_length(settings, length, k, result.verdicts.count(VERDICT_ACCEPTED))
@@ -109,21 +100,11 @@ def run(ctx: DecodeContext, settings: SpeculativeSettings) -> Iterator[Step]:
         ctx.output.extend(result.tokens)
         target.rollback(len(ctx.seq) - 1)
         draft.rollback(len(ctx.seq) - 1)
+        drafted, forwards = chain_drafts(ids, DRAFT_SOURCE, q), draft.forwards - draft_forwards
+        extra = {"draft_len": k}
         yield steps.step(
-            result,
-            drafted=chain_drafts(ids, DRAFT_SOURCE, q),
-            draft_forwards=draft.forwards - draft_forwards,
-            input_tokens=fed,
-            kv_len=target.length,
-            extra={"draft_len": k},
+            result, drafted=drafted, draft_forwards=forwards, input_tokens=fed, kv_len=target.length, extra=extra
         )
 
 
-SPEC = StrategySpec(
-    name=NAME,
-    settings_cls=SpeculativeSettings,
-    run=run,
-    needs_draft=True,
-    lossless=True,
-    summary="A small draft model proposes k tokens; the target verifies them in one forward.",
-)
+SPEC = StrategySpec(NAME, SpeculativeSettings, run, SUMMARY, needs_draft=True)

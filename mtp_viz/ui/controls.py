@@ -6,7 +6,9 @@ from dataclasses import Field, fields
 
 import gradio as gr
 
+from mtp_viz.models import resolve_device
 from mtp_viz.strategies import STRATEGIES
+from mtp_viz.strategies.settings import device_defaults
 
 SLIDER_MAX_STEPS = 256  # integer ranges up to this get a slider, wider ones a number box
 
@@ -49,6 +51,8 @@ def build_controls() -> dict[str, gr.components.Component]:
 
 
 def show_for(strategy: str, names: list[str]) -> list:
-    """Updates for the controls `names`: visible with the strategy's default, or hidden."""
-    defaults = {f.name: f.default for f in fields(STRATEGIES[strategy].settings_cls)} if strategy in STRATEGIES else {}
+    """Updates for the controls `names`: visible with the strategy's default on this machine's
+    device (a CPU's or a GPU's), or hidden."""
+    known = strategy in STRATEGIES
+    defaults = device_defaults(STRATEGIES[strategy].settings_cls, resolve_device(None).type) if known else {}
     return [gr.update(visible=True, value=defaults[n]) if n in defaults else gr.update(visible=False) for n in names]
