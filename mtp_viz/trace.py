@@ -87,6 +87,15 @@ class Step:
         return depths
 
 
+def chain_verdicts(drafted: int, accepted: int) -> list[str]:
+    """The verdicts of a chain of `drafted` tokens whose first `accepted` were kept: the next one
+    rejected, the rest never judged."""
+    verdicts = [VERDICT_ACCEPTED] * accepted + [VERDICT_SKIPPED] * (drafted - accepted)
+    if accepted < drafted:
+        verdicts[accepted] = VERDICT_REJECTED
+    return verdicts
+
+
 def depth_counts(steps: list[Step]) -> tuple[list[int], list[int]]:
     """Per draft depth d (index d−1): steps that drafted a token at depth d, and steps in which a
     token at depth d was accepted. In a chain, depth = position in the draft."""
@@ -144,23 +153,25 @@ def summarize(steps: list[Step], wall_time_s: float) -> dict[str, Any]:
     }
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Trace:
+    # Fields in the order the JSON shows them: what ran and what came out, its summary, where it
+    # ran, then the prompt text and the steps (docs/trace-format.md).
+    schema_version: int = SCHEMA_VERSION
     strategy: str
     model: str
     draft_model: str | None
     settings: dict[str, Any]
     prompt_token_ids: list[int]
     output_token_ids: list[int]
-    steps: list[Step]
-    wall_time_s: float
-    stop_reason: str
     output_text: str = ""
-    prompt_text: str = ""
+    wall_time_s: float  # the JSON has the summary here, which holds it
+    stop_reason: str
     device: str = "cpu"
     dtype: str = "float32"
     machine: dict[str, Any] = field(default_factory=dict)  # mtp_viz.machine.machine_info + engine; {} if unknown
-    schema_version: int = SCHEMA_VERSION
+    prompt_text: str = ""
+    steps: list[Step]
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -186,27 +197,13 @@ class Trace:
             raise InvalidTraceError("wall_time_s must be a finite non-negative number")
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        del d["wall_time_s"]  # lives in the summary
-        d["summary"] = self.summary
-        order = [
-            "schema_version",
-            "strategy",
-            "model",
-            "draft_model",
-            "settings",
-            "prompt_token_ids",
-            "output_token_ids",
-            "output_text",
-            "summary",
-            "stop_reason",
-            "device",
-            "dtype",
-            "machine",
-            "prompt_text",
-            "steps",
-        ]
-        return {k: d[k] for k in order}
+        out = {}
+        for key, value in asdict(self).items():
+            if key == "wall_time_s":
+                out["summary"] = self.summary  # wall_time_s lives in the summary
+            else:
+                out[key] = value
+        return out
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False, allow_nan=False)

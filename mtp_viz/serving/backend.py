@@ -6,7 +6,6 @@ token ids, so both engines decode the same prompt; the trace's texts come from t
 """
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -21,7 +20,7 @@ from mtp_viz.runner import MAX_PROMPT_CHARS, RunRequest, attach_text, build_stra
 from mtp_viz.serving.client import Completion, complete, completion_body
 from mtp_viz.serving.export import export_draft, model_dir
 from mtp_viz.serving.methods import served, server_args
-from mtp_viz.serving.server import ServerConfig, ServerError, VLLMServer
+from mtp_viz.serving.server import Progress, ServerConfig, ServerError, StopAsked, VLLMServer
 from mtp_viz.serving.traces import Served, trace_from_completion
 from mtp_viz.trace import Trace
 
@@ -75,8 +74,8 @@ class VLLMPlan:
 def plan(request: RunRequest) -> VLLMPlan:
     """Check a request can run on vLLM and work out its server (exporting the draft if needed)."""
     strategy = served(request.strategy)
-    settings = build_strategy_settings(request.strategy, request.strategy_settings)
     device = resolve_device(request.device)
+    settings = build_strategy_settings(request.strategy, request.strategy_settings, device.type)
     name = request.model or load_registry().default_for(device.type)
     target = load_model(name, "cpu", "float32")  # tokenizer, EOS and the weights' directory only
     draft_name, draft_dir = None, None
@@ -101,10 +100,7 @@ def plan(request: RunRequest) -> VLLMPlan:
 
 
 def open_server(
-    p: VLLMPlan,
-    url: str | None = None,
-    progress: Callable[[str], None] | None = None,
-    cancelled: Callable[[], bool] | None = None,
+    p: VLLMPlan, url: str | None = None, progress: Progress | None = None, cancelled: StopAsked | None = None
 ) -> VLLMServer:
     """The plan's server: started as a child (stop it: use `with`), or the one at `url`."""
     if url:
@@ -151,10 +147,7 @@ def attach_texts(trace: Trace, target: LoadedModel) -> None:
 
 
 def run_vllm(
-    request: RunRequest,
-    url: str | None = None,
-    progress: Callable[[str], None] | None = None,
-    cancelled: Callable[[], bool] | None = None,
+    request: RunRequest, url: str | None = None, progress: Progress | None = None, cancelled: StopAsked | None = None
 ) -> Trace:
     """One prompt on vLLM, start to end: the server is started for it and stopped after it
     (or the user's server at `url` is used)."""

@@ -25,8 +25,11 @@ import httpx
 import psutil
 
 from mtp_viz.errors import UserError
+from mtp_viz.paths import REPO
 
-VLLM_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
+Progress = Callable[[str], None]  # told what the server is doing, as it happens
+StopAsked = Callable[[], bool]  # asked now and then whether to give up
+VLLM_VENV = REPO / ".venv-vllm"
 PYTHON_ENV = "MTP_VIZ_VLLM_PYTHON"  # another interpreter with vLLM installed
 READY_TIMEOUT_S = 900.0  # a 2-core CPU needs ~2 minutes (model load + warm-up compilation)
 STOP_GRACE_S = 15.0
@@ -117,9 +120,9 @@ class VLLMServer:
     def start(
         cls,
         config: ServerConfig,
-        progress: Callable[[str], None] | None = None,
+        progress: Progress | None = None,
         timeout_s: float = READY_TIMEOUT_S,
-        cancelled: Callable[[], bool] | None = None,
+        cancelled: StopAsked | None = None,
     ) -> "VLLMServer":
         python = vllm_python()
         if not Path(config.model_dir).is_dir():
@@ -183,9 +186,9 @@ class VLLMServer:
 
     def wait_ready(
         self,
-        progress: Callable[[str], None] | None = None,
+        progress: Progress | None = None,
         timeout_s: float = READY_TIMEOUT_S,
-        cancelled: Callable[[], bool] | None = None,
+        cancelled: StopAsked | None = None,
     ) -> None:
         start = time.monotonic()
         while True:

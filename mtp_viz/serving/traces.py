@@ -26,13 +26,11 @@ from mtp_viz.trace import (
     RESAMPLED,
     STOP_EOS,
     STOP_MAX_NEW_TOKENS,
-    VERDICT_ACCEPTED,
-    VERDICT_REJECTED,
-    VERDICT_SKIPPED,
     DraftToken,
     EmittedToken,
     Step,
     Trace,
+    chain_verdicts,
 )
 
 ENGINE = "vllm"
@@ -135,9 +133,7 @@ def _verified(index: int, out: list[int], pos: int, draft_ids: list[int | None],
     emitted = [EmittedToken(t, ACCEPTED) for t in emitted_ids[:kept]]
     if len(emitted_ids) > kept:
         emitted.append(EmittedToken(emitted_ids[kept], BONUS if accepted == k else RESAMPLED))
-    verdicts = [VERDICT_ACCEPTED] * accepted + [VERDICT_SKIPPED] * (k - accepted)
-    if accepted < k:
-        verdicts[accepted] = VERDICT_REJECTED
+    verdicts = chain_verdicts(k, accepted)
     return Step(
         index=index,
         emitted=emitted,

@@ -11,6 +11,6 @@ GPU_SECONDS = 120  # the longest one callback may hold a ZeroGPU device
 def on_gpu(fn):
     if importlib.util.find_spec("spaces") is None:
         return fn
-    import spaces
+    import spaces  # optional: installed on a ZeroGPU Space only, so imported where it is known to exist
 
     return spaces.GPU(duration=GPU_SECONDS)(fn)
