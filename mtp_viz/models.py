@@ -27,7 +27,8 @@ from mtp_viz.drafters.draft import load_draft
 from mtp_viz.drafters.heads import MTPHeads, load_heads
 from mtp_viz.drafters.mask import load_mask_model
 from mtp_viz.errors import IncompatibleDraftError, UnknownModelError, UserError
-from mtp_viz.kernels import plan_of, tune, use_fast_linears
+from mtp_viz.kernels import plan_of, use_fast_linears
+from mtp_viz.linear_plan import tune
 from mtp_viz.paths import cache_root
 from mtp_viz.registry import ModelEntry, Source, load_registry
 

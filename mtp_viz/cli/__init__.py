@@ -5,12 +5,12 @@ import logging
 import os
 import sys
 
-from mtp_viz.cli import bench, export, profile, run, train
+from mtp_viz.cli import bench, export, profile, run, train, tune
 from mtp_viz.errors import UserError
 from mtp_viz.models import quiet_transformers
 
 DEBUG_ENV = "MTP_VIZ_DEBUG"
-COMMANDS = (run, bench, profile, train, export)  # each adds its commands, in the order --help lists them
+COMMANDS = (run, bench, profile, tune, train, export)  # each adds its commands, in the order --help lists them
 
 
 class _Parser(argparse.ArgumentParser):

@@ -17,6 +17,8 @@ import pandas as pd
 
 from mtp_viz.deploy import deploy_costs
 from mtp_viz.errors import InvalidSettingsError, InvalidTraceError, UnknownModelError, UserError
+from mtp_viz.kernels import use_fast_linears
+from mtp_viz.linear_plan import BY_APP, Measurement, Stopped, describe_record, remeasure, tune
 from mtp_viz.machine import machine_key
 from mtp_viz.models import HUB_ID, load_model, resolve_device
 from mtp_viz.paths import cache_root
@@ -348,3 +350,31 @@ def measure_machine(model: str | None = None) -> Iterator[tuple[int, int, Path |
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result.as_dict(), indent=1))
     yield PROFILE_REPEATS, PROFILE_REPEATS, path
+
+
+def remeasure_linear_plan(model: str | None = None) -> Iterator[str]:
+    """Measure the linear plan of `model` (default: the device's) again, as `python -m mtp_viz tune`
+    does, while no run uses the model: progress lines while it runs, then the plan in one line; the
+    loaded model runs the new plan from then on. Closing the generator stops it (nothing cached)."""
+    name = model or load_registry().default_for(resolve_device().type)
+    loaded = load_model(name)
+    if loaded.device.type != "cpu" or loaded.dtype != "float32":
+        raise UserError(f"{name} runs on {loaded.device.type} in {loaded.dtype}: linear plans are for float32 on a CPU")
+    rounds = [0]
+
+    def measure(stopped: Callable[[], bool]) -> Measurement | None:
+        def counted() -> bool:  # asked once per round
+            rounds[0] += 1
+            return stopped()
+
+        with _holding({loaded.name}):
+            try:
+                result = remeasure(loaded.model, BY_APP, stopped=counted)
+            except Stopped:
+                return None
+            use_fast_linears(loaded.model, tune(loaded.model))  # what it cached, unless MTP_VIZ_LINEAR forces one
+            return result
+
+    result = yield from in_background(measure, lambda: f"Timing the linear kernels: round {rounds[0]}…")
+    if result is not None:
+        yield describe_record(result.record())

@@ -2,10 +2,12 @@
 device's measured verify-cost curve, and the measured points of the user's own runs."""
 
 import html
+from pathlib import Path
 
 import gradio as gr
 
 from mtp_viz.errors import UserError
+from mtp_viz.linear_plan import BY_COMMAND, describe_record, machine_records
 from mtp_viz.profile import read_profile
 from mtp_viz.theory import expected_tokens, measured_point, optimal_gamma, speedup
 from mtp_viz.ui import notes, service
@@ -75,6 +77,11 @@ def build_theory() -> gr.Blocks:
         measured = gr.Markdown(_measured_note(mine.value), elem_id="mv-measure-status")
         gr.Markdown(notes.EXITS)
         exits_plot = gr.Plot(label="Early-exit agreement by layer")
+        with gr.Accordion("Linear kernels: the plan this machine measured", open=False):
+            plans = gr.Markdown(plans_note(), elem_id="mv-linear-plans")
+            with gr.Row():
+                retune = gr.Button("Measure the kernels again", variant="secondary", elem_id="mv-retune")
+                retune_stop = gr.Button("Stop", variant="stop", elem_id="mv-retune-stop")
 
         def update(alpha, gamma, c, profile, uploaded_profile, paths, examples, own):
             try:
@@ -104,6 +111,14 @@ def build_theory() -> gr.Blocks:
             except UserError as e:
                 raise gr.Error(str(e)) from None
 
+        def run_retune():
+            """The linear plan measured again in the app (cached, and used by the loaded model)."""
+            try:
+                yield from service.remeasure_linear_plan()
+            except UserError as e:
+                raise gr.Error(str(e)) from None
+            yield plans_note()
+
         inputs = [alpha, gamma, c, profile, profile_upload, traces, use_examples, mine]
         outputs = [numbers, plot, exits_plot]
         for component in (alpha, gamma, c, profile, use_examples, mine):
@@ -112,7 +127,10 @@ def build_theory() -> gr.Blocks:
             component.upload(update, inputs, outputs, api_visibility="private")
         measuring = measure.click(run_measurement, None, [mine, measured], api_visibility="private")
         stop.click(lambda: "Measurement stopped.", None, measured, cancels=[measuring], api_visibility="private")
+        retuning = retune.click(run_retune, None, plans, api_visibility="private")
+        retune_stop.click(plans_note, None, plans, cancels=[retuning], api_visibility="private")
         tab.load(update, inputs, outputs, api_visibility="private")
+        tab.load(plans_note, None, plans, api_visibility="private")
     return tab
 
 
@@ -123,3 +141,18 @@ def _measured_note(path: str) -> str:
     return (
         f"This machine's curve ({html.escape(view.label)}) is drawn beside the chosen one; measure again to refresh it."
     )
+
+
+def plans_note() -> str:
+    """This machine's measured linear plans (one per model shape), and how to measure them again."""
+    records = machine_records()
+    if not records:
+        lines = ["No linear plan measured on this machine yet: a model loaded in float32 on a CPU measures one."]
+    else:
+        lines = [f"- **{html.escape(Path(str(r['model'])).name)}**: {html.escape(describe_record(r))}" for r in records]
+    lines.append(
+        "\nMeasured on a model's first load; a row count whose timings stayed noisy (another job on the CPU) "
+        f"runs stock until measured again. Measure again when the machine is quiet: here, or `{BY_COMMAND} "
+        "[--model M]` (`--dry-run` prints the timings without caching)."
+    )
+    return "\n".join(lines)

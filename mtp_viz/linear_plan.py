@@ -1,0 +1,311 @@
+"""The linear plan (mtp_viz.kernels) for a model on this machine: measured so that a busy machine
+cannot decide it, cached with how it was measured, measured again on demand.
+
+On first load `tune` times both ways on the model's own weight shapes, for every row count in
+MEASURED_ROWS (a bucket), in rounds: each round times every bucket both ways back to back, so the
+machine's drift hits both alike. The fast way is chosen only where it wins clearly (by MARGIN in
+the median, in most rounds). A bucket whose rounds disagree (spread beyond MAX_SPREAD: another job
+used the CPU) is measured again, at most RETRIES times; still noisy, it decides nothing (stock for
+its rows), and the plan serves only RETRY_AFTER_S before a load measures it again. Plans are cached
+with when, by what and under what load they were measured (a record without that is not trusted),
+keyed by the machine (CPU model and flags, threads, torch, BLAS: mtp_viz.machine) and the weight
+shapes, so later loads pay nothing. `python -m mtp_viz tune` and the Theory tab measure again.
+"""
+
+import hashlib
+import json
+import logging
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from mtp_viz.kernels import FAST, FIXED_PLAN, MAX_ROWS, STOCK, STOCK_PLAN, Plan, mode
+from mtp_viz.machine import machine_info, machine_key
+from mtp_viz.paths import cache_root
+
+log = logging.getLogger(__name__)
+
+MEASURED_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)  # row counts timed; others use the next
+ROUNDS = 5  # timed rounds per bucket, after one warm-up round
+MARGIN = 0.05  # the fast way must be at least this much faster (median) ...
+WIN_SHARE = 0.8  # ... and faster in at least this share of the rounds
+MAX_SPREAD = 0.15  # a bucket is noisy when either way's rounds spread more (interquartile range / median) ...
+RETRIES = 2  # ... and is then measured again, all rounds anew, at most this many times
+RETRY_AFTER_S = 3600.0  # a plan with a still-noisy bucket serves this long, then the next load measures again
+TUNE_BYTES = 48 * 2**20  # time the head and layer weights of this size (beyond an L3), or all of them
+PLAN_VERSION = 2  # version 1 did not record how it was measured: measured again
+# a record lacking any of these is measured again rather than trusted
+RECORDED = ("measured_at", "by", "machine", "load_average", "rounds", "max_spread", "settled", "noisy_rows", "buckets")
+BY_LOAD, BY_COMMAND, BY_APP = "first load", "python -m mtp_viz tune", "the app's Theory tab"
+
+
+Timings = dict[tuple[str, int], list[float]]  # (way, rows) → seconds per round; way is STOCK or FAST
+MeasureFn = Callable[[nn.Module, Sequence[int]], Timings]  # (model, buckets) → their timings
+
+
+class Stopped(Exception):
+    """A measurement stopped on request before it finished (nothing is cached)."""
+
+
+def spread(seconds: Sequence[float]) -> float:
+    """How much one bucket's rounds disagree: interquartile range / median (0: steady). One outlier
+    among five rounds moves it little, two do; fewer than three rounds cannot tell (infinite)."""
+    if len(seconds) < 3:
+        return math.inf
+    q1, median, q3 = statistics.quantiles(seconds, n=4, method="inclusive")
+    return (q3 - q1) / median if median > 0 else math.inf
+
+
+def noisy(timings: Timings, rows: int) -> bool:
+    """Either way's rounds at this row count spread beyond MAX_SPREAD."""
+    return any(spread(timings[way, rows]) > MAX_SPREAD for way in (STOCK, FAST) if (way, rows) in timings)
+
+
+def choose(timings: Timings) -> tuple[int, ...]:
+    """The padded row count for each r = 0..MAX_ROWS from measured timings (0: stock).
+
+    For r rows, stock costs what it cost at the smallest measured count ≥ r, and the fast way can
+    pad to any measured count ≥ r. The fast way is taken only where it beats stock by MARGIN in the
+    median and in at least WIN_SHARE of the rounds (rounds are paired: measured back to back). A
+    noisy bucket decides nothing: its rows stay on stock and nothing pads to it."""
+    measured = sorted({rows for _, rows in timings})
+    steady = {m for m in measured if not noisy(timings, m)}
+    padded = [0] * (MAX_ROWS + 1)
+    for r in range(1, MAX_ROWS + 1):
+        at = next((m for m in measured if m >= r), None)
+        if at not in steady or (STOCK, at) not in timings:
+            continue
+        stock = timings[STOCK, at]
+        best, best_median = 0, statistics.median(stock)
+        for p in (m for m in measured if m >= r and m in steady and (FAST, m) in timings):
+            fast = timings[FAST, p]
+            wins = sum(f < s for f, s in zip(fast, stock, strict=False)) / min(len(fast), len(stock))
+            median = statistics.median(fast)
+            if median < (1 - MARGIN) * statistics.median(stock) and wins >= WIN_SHARE and median < best_median:
+                best, best_median = p, median
+        padded[r] = best
+    return tuple(padded)
+
+
+def tuning_weights(model: nn.Module) -> list[torch.Tensor]:
+    """The output head, and the model's other linear weights in order until TUNE_BYTES."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weights = [head.weight] if isinstance(head, nn.Linear) else []
+    total = 0
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and module is not head and total < TUNE_BYTES:
+            weights.append(module.weight)
+            total += module.weight.numel() * module.weight.element_size()
+    return weights
+
+
+def measure(
+    weights: Sequence[torch.Tensor],
+    rows: Sequence[int] = MEASURED_ROWS,
+    rounds: int = ROUNDS,
+    clock: Callable[[], float] = time.perf_counter,
+    stopped: Callable[[], bool] | None = None,
+) -> Timings:
+    """Seconds for one pass over `weights` (each times a rows × in input), both ways. Each round
+    times every bucket both ways back to back, which way goes first alternating round by round, so
+    the machine's drift hits both alike; round 0 warms up and is dropped. Stopped is raised when
+    `stopped()` turns true (checked before each round)."""
+    inputs = {(w.shape[1], r): torch.randn(r, w.shape[1]) for w in weights for r in rows}
+    ways: dict[str, Callable] = {STOCK: lambda x, w: F.linear(x, w), FAST: lambda x, w: torch.mm(w, x.t())}
+    timings: Timings = {(way, r): [] for way in ways for r in rows}
+    with torch.inference_mode():
+        for round_ in range(rounds + 1):
+            if stopped is not None and stopped():
+                raise Stopped("linear kernel measurement stopped")
+            order = (STOCK, FAST) if round_ % 2 else (FAST, STOCK)
+            for r in rows:
+                for way in order:
+                    start = clock()
+                    for w in weights:
+                        ways[way](inputs[w.shape[1], r], w)
+                    elapsed = clock() - start
+                    if round_:
+                        timings[way, r].append(elapsed)
+    return timings
+
+
+def settle(
+    measure_rows: Callable[[Sequence[int]], Timings], rows: Sequence[int] = MEASURED_ROWS, retries: int = RETRIES
+) -> tuple[Timings, dict[int, int]]:
+    """Every bucket measured, and a noisy one measured again with fresh rounds, at most `retries`
+    times: the timings (each bucket's last try) and how many tries each bucket took."""
+    timings: Timings = {}
+    tries: dict[int, int] = {}
+    todo = list(rows)
+    for attempt in range(1, retries + 2):
+        timings.update(measure_rows(todo))
+        tries.update(dict.fromkeys(todo, attempt))
+        todo = [r for r in todo if noisy(timings, r)]
+        if not todo:
+            break
+    return timings, tries
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A plan as measured: the timings behind it (each bucket's last try), the tries each bucket
+    took, and how it was measured (when, by what, the machine, its load, the rounds)."""
+
+    plan: Plan
+    timings: Timings
+    tries: dict[int, int]
+    how: dict
+
+    @property
+    def noisy_rows(self) -> list[int]:
+        return [r for r in sorted(self.tries) if noisy(self.timings, r)]
+
+    def buckets(self) -> dict[int, dict]:
+        """Per measured row count: each way's median (ms) and spread, the tries, and the choice."""
+        out = {}
+        for r in sorted(self.tries):
+            entry: dict = {}
+            for way in (STOCK, FAST):
+                entry[f"{way}_ms"] = round(statistics.median(self.timings[way, r]) * 1e3, 4)
+                s = spread(self.timings[way, r])
+                entry[f"{way}_spread"] = round(s, 3) if math.isfinite(s) else None
+            p = self.plan.padded[r] if r <= MAX_ROWS else 0
+            choice = "stock" if not p else FAST if p == r else f"{FAST}, padded to {p}"
+            entry.update(tries=self.tries[r], choice=f"{choice} (noisy)" if noisy(self.timings, r) else choice)
+            out[r] = entry
+        return out
+
+    def record(self) -> dict:
+        """The plan as cached: what `tune` reads back, and what the CLI and the Theory tab show."""
+        return {
+            "version": PLAN_VERSION,
+            "padded": list(self.plan.padded),
+            "describe": self.plan.describe(),
+            "settled": not self.noisy_rows,
+            "noisy_rows": self.noisy_rows,
+            **self.how,
+            "buckets": {str(r): b for r, b in self.buckets().items()},
+            "timings_ms": {f"{way}:{r}": [round(t * 1e3, 4) for t in ts] for (way, r), ts in self.timings.items()},
+        }
+
+
+def load_average() -> list[float] | None:
+    """The machine's 1, 5 and 15-minute load averages (None where the OS keeps none)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
+
+
+def describe_record(record: dict) -> str:
+    """One line on a cached plan: the path it chose, and when, by what, under what load, how steady."""
+    spreads = [b[f"{way}_spread"] for b in record["buckets"].values() for way in (STOCK, FAST)]
+    worst = f"spread ≤ {max(spreads, default=0.0):.2f}" if None not in spreads else "spread unknown"
+    load, cores = record["load_average"], record["machine"].get("cores", "?")
+    busy = f"load {load[0]:.1f} on {cores} cores" if load else "load unknown"
+    line = f"{record['describe']} (measured {record['measured_at']} by {record['by']}, {record['rounds']} rounds, "
+    line += f"{worst}, {busy})"
+    if not record["settled"]:
+        rows = ", ".join(map(str, record["noisy_rows"]))
+        line += f"; rows {rows} too noisy (spread > {record['max_spread']}): stock there until measured again "
+        line += f"(by a load {RETRY_AFTER_S / 3600:g} h later, or now by `{BY_COMMAND}`)"
+    return line
+
+
+def plan_path(model: nn.Module) -> Path:
+    shapes = sorted({tuple(m.weight.shape) for m in model.modules() if isinstance(m, nn.Linear)})
+    name = f"{machine_key()}-{hashlib.sha256(repr(shapes).encode()).hexdigest()[:10]}"
+    return cache_root() / "kernels" / f"{name}.json"
+
+
+def read_record(path: Path) -> dict | None:
+    """The plan record cached at `path`; None when there is none, or it is of an older version or
+    lacks how it was measured (so it is measured again rather than trusted)."""
+    try:
+        data = json.loads(path.read_text())
+        datetime.fromisoformat(data["measured_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    complete = data.get("version") == PLAN_VERSION and all(key in data for key in RECORDED)
+    return data if complete and len(data.get("padded", ())) == MAX_ROWS + 1 else None
+
+
+def machine_records() -> list[dict]:
+    """This machine's cached plan records (every model's shapes), newest first."""
+    paths = (cache_root() / "kernels").glob(f"{machine_key()}-*.json")
+    records = [r for r in map(read_record, paths) if r is not None]
+    return sorted(records, key=lambda r: r["measured_at"], reverse=True)
+
+
+def still_good(record: dict, now: float) -> bool:
+    """A settled plan serves until measured again on purpose; one with a noisy bucket RETRY_AFTER_S."""
+    age = now - datetime.fromisoformat(record["measured_at"]).timestamp()
+    return bool(record["settled"]) or 0 <= age < RETRY_AFTER_S
+
+
+def tune(model: nn.Module, measure_fn: MeasureFn | None = None) -> Plan:
+    """The plan for `model` on this machine: by MTP_VIZ_LINEAR, else cached, else measured now."""
+    chosen = mode()
+    if chosen == STOCK:
+        return STOCK_PLAN
+    if chosen == FAST:
+        return FIXED_PLAN
+    record = read_record(plan_path(model))
+    if record is not None and still_good(record, time.time()):
+        return Plan(tuple(record["padded"]), "cached")
+    log.warning("timing the linear kernels on this machine for this model's shapes (a few seconds)")
+    result = remeasure(model, BY_LOAD, measure_fn=measure_fn)
+    log.warning("linear path: %s", describe_record(result.record()))
+    return result.plan
+
+
+def remeasure(
+    model: nn.Module,
+    by: str,
+    write: bool = True,
+    rounds: int = ROUNDS,
+    measure_fn: MeasureFn | None = None,
+    stopped: Callable[[], bool] | None = None,
+) -> Measurement:
+    """Measure the plan for `model` now, whatever MTP_VIZ_LINEAR says, and cache it unless not
+    `write`. `measure_fn(model, rows)` gives those buckets' timings (tests script it)."""
+    if measure_fn is None:
+        weights = tuning_weights(model)
+        measure_fn = lambda _, rows: measure(weights, rows, rounds, stopped=stopped)  # noqa: E731
+    load, started = load_average(), time.time()
+    timings, tries = settle(lambda rows: measure_fn(model, rows))
+    how = {
+        "measured_at": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+        "by": by,
+        "model": getattr(getattr(model, "config", None), "name_or_path", None) or type(model).__name__,
+        "machine": machine_info("cpu"),
+        "load_average": load,
+        "rounds": rounds,
+        "max_spread": MAX_SPREAD,
+        "retries": RETRIES,
+        "seconds": round(time.time() - started, 2),
+    }
+    result = Measurement(Plan(choose(timings), "measured"), timings, tries, how)
+    if write:
+        _write(plan_path(model), result.record())
+    return result
+
+
+def _write(path: Path, record: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump(record, f, indent=1)
+        os.replace(f.name, path)
+    except OSError as e:
+        log.warning("could not cache the linear plan in %s: %s", path, e)
