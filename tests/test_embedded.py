@@ -9,6 +9,7 @@ import torch
 from mtp_viz import models, paths
 from mtp_viz.detok import TextTracker
 from mtp_viz.models import encode_prompt, load_model
+from mtp_viz.peers import HF_GENERATE, run_peer
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
 
@@ -59,17 +60,8 @@ def test_chat_template_and_raw_prompts(smol):
 def test_greedy_identity_on_the_embedded_model(smol, early_exit_draft, prompt):
     generation = GenerationSettings(max_new_tokens=MAX_NEW)
     reference = run(RunRequest(prompt=prompt, model=MODEL, generation=generation))
-    ids = torch.tensor([reference.prompt_token_ids])
-    hf = smol.model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=MAX_NEW,
-        do_sample=False,
-        eos_token_id=sorted(smol.eos_token_ids),
-        pad_token_id=0,
-    )[0, ids.shape[1] :].tolist()
-    hf = hf[: hf.index(2) + 1] if 2 in hf else hf
-    assert reference.output_token_ids == hf
+    hf = run_peer(HF_GENERATE, smol, reference.prompt_token_ids, MAX_NEW)  # transformers' own greedy generate
+    assert reference.output_token_ids == hf.output_token_ids
     for strategy, draft, kw in (
         ("prompt_lookup", None, {}),
         ("speculative", str(early_exit_draft), {"num_draft_tokens": 4}),
