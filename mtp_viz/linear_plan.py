@@ -5,11 +5,11 @@ On first load `tune` times both ways on the model's own weight shapes, for every
 MEASURED_ROWS (a bucket), in rounds: each round times every bucket both ways back to back, so the
 machine's drift hits both alike. The fast way is chosen only where it wins clearly (by MARGIN in
 the median, in most rounds). A bucket whose rounds disagree (spread beyond MAX_SPREAD: another job
-used the CPU) is measured again, at most RETRIES times; still noisy, it decides nothing (stock for
-its rows), and the plan serves only RETRY_AFTER_S before a load measures it again. Plans are cached
-with when, by what and under what load they were measured (a record without that is not trusted),
-keyed by the machine (CPU model and flags, threads, torch, BLAS: mtp_viz.machine) and the weight
-shapes, so later loads pay nothing. `python -m mtp_viz tune` and the Theory tab measure again.
+used the CPU) is measured again, at most RETRIES times (none when most buckets are noisy: a busy
+machine); still noisy, it decides nothing (stock for its rows), and the plan serves only
+RETRY_AFTER_S before a load measures it again. Plans are cached with when, by what and under what
+load they were measured (a record without that is not trusted), keyed by the machine (CPU model
+and flags, threads, torch, BLAS: mtp_viz.machine) and the weight shapes, so later loads pay nothing. `python -m mtp_viz tune` and the Theory tab measure again.
 """
 
 import hashlib
@@ -40,7 +40,8 @@ ROUNDS = 5  # timed rounds per bucket, after one warm-up round
 MARGIN = 0.05  # the fast way must be at least this much faster (median) ...
 WIN_SHARE = 0.8  # ... and faster in at least this share of the rounds
 MAX_SPREAD = 0.15  # a bucket is noisy when either way's rounds spread more (interquartile range / median) ...
-RETRIES = 2  # ... and is then measured again, all rounds anew, at most this many times
+RETRIES = 2  # ... and is then measured again, all rounds anew, at most this many times,
+BUSY_SHARE = 0.5  # unless more than this share of the buckets is noisy: the machine is busy, retrying won't help
 RETRY_AFTER_S = 3600.0  # a plan with a still-noisy bucket serves this long, then the next load measures again
 TUNE_BYTES = 48 * 2**20  # time the head and layer weights of this size (beyond an L3), or all of them
 PLAN_VERSION = 2  # version 1 did not record how it was measured: measured again
@@ -143,7 +144,8 @@ def settle(
     measure_rows: Callable[[Sequence[int]], Timings], rows: Sequence[int] = MEASURED_ROWS, retries: int = RETRIES
 ) -> tuple[Timings, dict[int, int]]:
     """Every bucket measured, and a noisy one measured again with fresh rounds, at most `retries`
-    times: the timings (each bucket's last try) and how many tries each bucket took."""
+    times: the timings (each bucket's last try) and how many tries each bucket took. When most
+    buckets are noisy the machine is busy: nothing is measured again (it would take minutes)."""
     timings: Timings = {}
     tries: dict[int, int] = {}
     todo = list(rows)
@@ -151,7 +153,7 @@ def settle(
         timings.update(measure_rows(todo))
         tries.update(dict.fromkeys(todo, attempt))
         todo = [r for r in todo if noisy(timings, r)]
-        if not todo:
+        if not todo or len(todo) > BUSY_SHARE * len(rows):
             break
     return timings, tries
 
