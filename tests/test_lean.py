@@ -8,6 +8,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from mtp_viz.cache import ENGINE_ENV, LEAN, TRANSFORMERS, CachedModel, engine_for, tree_visibility
 from mtp_viz.lean import CompileUnavailable, lean_model, supports
+from mtp_viz.projections import FusedLinear
 from mtp_viz.strategies.base import GenerationSettings
 
 IDS = [5, 17, 3, 42, 9, 17, 3, 8, 9, 10, 11, 12]
@@ -73,9 +74,9 @@ def test_fused_projections_are_views_and_leave_the_weights_alone():
     model = tiny_model("qwen2-2l")  # q/k/v carry biases
     before = {k: v.clone() for k, v in model.state_dict().items()}
     lean = lean_model(model)
-    assert all(f is not None for f in lean.fused)
+    assert all(isinstance(b.proj.qkv, FusedLinear) for b in lean.blocks)
     attn = model.model.layers[0].self_attn
-    assert attn.q_proj.weight.data_ptr() == lean.fused[0].qkv.data_ptr()
+    assert attn.q_proj.weight.data_ptr() == lean.blocks[0].proj.qkv.weight.data_ptr()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
     model.to(torch.float64)  # weights replaced: the lean view is rebuilt, not stale
     assert lean_model(model) is not lean and lean_model(model).current()
@@ -129,7 +130,7 @@ def test_compile_unavailable_falls_back_to_eager_with_a_reason(monkeypatch):
     lean = lean_model(tiny_model("llama-2l"))
     with pytest.raises(CompileUnavailable, match="C\\+\\+ compiler"):
         lean.compile()
-    assert lean.compiled is None
+    assert not lean.compiled
 
 
 def test_traces_name_their_machine_and_engine(use_tiny_registry, monkeypatch):
@@ -186,9 +187,9 @@ def test_a_compiled_forward_that_fails_mid_run_falls_back_to_eager():
     def broken(*args, **kwargs):
         raise RuntimeError("a graph that cannot run here")
 
-    lean._compiled, lean.use_compiled = broken, True
+    lean.graph, lean.compiled = broken, True
     assert decode(model, "autoregressive", IDS[:7], generation)[0] == eager
-    assert lean.compiled is None  # and it stays eager
+    assert not lean.compiled  # and it stays eager
 
 
 def test_the_fused_projections_follow_the_models_current_linear_path(monkeypatch):
@@ -199,7 +200,7 @@ def test_the_fused_projections_follow_the_models_current_linear_path(monkeypatch
 
     model = tiny_model("llama-2l")
     use_fast_linears(model, FIXED_PLAN)
-    fused_rows = lean_model(model).fused[0].qkv.shape[0]
+    fused_rows = lean_model(model).blocks[0].proj.qkv.weight.shape[0]
     widths = []
     real = kernels.F.linear
     monkeypatch.setattr(kernels.F, "linear", lambda x, w, b=None: widths.append(w.shape[0]) or real(x, w, b))

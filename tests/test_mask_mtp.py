@@ -13,6 +13,7 @@ from mtp_viz.cache import CachedModel
 from mtp_viz.drafters.mask import EVERYWHERE, MASK_ONLY, MaskSpec, adapter_parameters, load_mask_model, mask_model
 from mtp_viz.errors import UserError
 from mtp_viz.lean import lean_model
+from mtp_viz.projections import StackedLoRA
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.training.data import Sequence
 from mtp_viz.training.mask import Region, leading_correct, pack, student_and_teacher, teacher_inputs
@@ -52,7 +53,7 @@ def test_mask_only_adapter_leaves_real_positions_untouched_and_shares_the_weight
     assert view.model.layers[0].self_attn.q_proj.base_layer.weight is peaked.model.layers[0].self_attn.q_proj.weight
     assert type(peaked.model.layers[0].self_attn.q_proj) is not type(view.model.layers[0].self_attn.q_proj)
     # the view's lean forward fuses the same storage, and the base model's stays current
-    assert lean_model(view).fused[0].qkv.data_ptr() == lean.fused[0].qkv.data_ptr()
+    assert lean_model(view).blocks[0].proj.qkv.weight.data_ptr() == lean.blocks[0].proj.qkv.weight.data_ptr()
     assert lean_model(peaked) is lean
 
 
@@ -73,7 +74,7 @@ def test_lean_forward_of_a_mask_model_matches_transformers(peaked, monkeypatch, 
     plain = CachedModel(view, V)
     assert (lean.engine, plain.engine) == ("lean", "transformers")
     torch.testing.assert_close(lean.forward(seq, 4), plain.forward(seq, 4), rtol=1e-5, atol=1e-5)
-    assert lean_model(view).adapted and lean_model(view).fused[0].lora is not None
+    assert isinstance(lean_model(view).adapted[0].proj.qkv, StackedLoRA)
     # without masks a gated adapter adds nothing: the base model's logits, bit for bit
     lean.rollback(0)
     assert base.engine == "lean"
