@@ -5,7 +5,8 @@
 For each prompt every method runs `repeats` times, interleaved round-robin so that machine noise
 hits all of them alike; the best tokens/s of each is reported (noise on a shared machine only ever
 slows a deterministic run down), with ratios. Greedy decoding, so every method must produce the
-same tokens (checked and printed).
+same tokens (checked and printed); llama.cpp, on the 4-bit weights with 8-bit activations, parts
+from ours at near-ties: where, and by how many logits our model preferred its token, is printed.
 
 Methods (METHODS below): our autoregressive loop on the lean forward (eager, compiled) and on
 transformers' forward; transformers' `generate` on the plain model, and with its own fast path
@@ -33,7 +34,7 @@ import torch
 
 from mtp_viz.cache import ENGINE_ENV, LEAN, TRANSFORMERS
 from mtp_viz.clock import Clock
-from mtp_viz.llama_peers import LLAMA_CPP_AUTOREGRESSIVE, LLAMA_CPP_PROMPT_LOOKUP, LlamaCppPeers, unavailable
+from mtp_viz.llama_peers import LLAMA_CPP_AUTOREGRESSIVE, LLAMA_CPP_PROMPT_LOOKUP, LlamaCppPeers, parting, unavailable
 from mtp_viz.machine import describe_peer, machine_info, machine_label
 from mtp_viz.models import encode_prompt, load_model, quiet_transformers
 from mtp_viz.peers import HF_GENERATE, HF_PROMPT_LOOKUP, HF_STATIC_COMPILE, run_peer
@@ -207,12 +208,18 @@ def main() -> int:
                 )
             med = {m: max(v) for m, v in rates.items()}
             identical = all(o == outputs["ours_ar"] for m, o in outputs.items() if m not in LLAMA_CPP_OF)
-            same = {m: first_divergence(outputs["ours_ar"], outputs[m]) for m in outputs if m in LLAMA_CPP_OF}
+            same = {
+                m: parting(loaded.model, prompt_ids, outputs["ours_ar"], outputs[m])
+                for m in LLAMA_CPP_OF
+                if m in outputs
+            }
+            if set(LLAMA_CPP_OF) <= set(outputs):  # llama.cpp's own speculation against its own plain decoding
+                same["pld_vs_llama_cpp_ar"] = first_divergence(outputs["llama_cpp_ar"], outputs["llama_cpp_pld"])
             raw[name] = {
                 "prompt_tokens": len(prompt_ids),
                 "new_tokens": len(outputs["ours_ar"]),
                 "tokens_per_s": rates,
-                "first_divergence_from_ours": same,
+                "llama_cpp_parting": same,
             }
             rows.append((name, len(prompt_ids), len(outputs["ours_ar"]), med, identical, same))
         peer_machine = llama.machine() if llama.names else None
@@ -268,15 +275,21 @@ def print_table(rows, args, methods: list[str], peer_machine: dict | None = None
         print(f"| {name} | {n_prompt} | {n_new} | {cells} | {'yes' if identical else 'NO'} |{tail}")
 
 
-def agreement(first_divergence_of: dict[str, int | None]) -> str:
-    """ "yes", or where each llama.cpp method's greedy tokens first differ from ours ("AR from token 57")."""
-    if not first_divergence_of:
+def agreement(parted: dict) -> str:
+    """ "yes", or where llama.cpp's greedy tokens first differ from ours and by how many logits our
+    model preferred its own token there ("ar from 11 (0.20)"), and where its prompt lookup's differ
+    from its own plain decoding ("pld vs llama.cpp ar from 13")."""
+    if not parted:
         return "—"
-    if all(d is None for d in first_divergence_of.values()):
+    if all(d is None for d in parted.values()):
         return "yes"
-    return ", ".join(
-        f"{m.removeprefix('llama_cpp_')} from token {d}" for m, d in first_divergence_of.items() if d is not None
-    )
+    cells = []
+    for method, d in parted.items():
+        if isinstance(d, tuple):
+            cells.append(f"{method.removeprefix('llama_cpp_')} from {d[0]} ({d[1]:.2f})")
+        elif d is not None:
+            cells.append(f"pld vs llama.cpp ar from {d}")
+    return ", ".join(cells)
 
 
 def cell(column, best: dict[str, float]) -> str:

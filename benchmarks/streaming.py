@@ -58,10 +58,11 @@ def _measure(args, server, client):
         generation=GenerationSettings(max_new_tokens=args.max_new_tokens),
     )
     # the Explore inputs: prompt, model, strategy, draft, max new, temperature, top-k, top-p, seed,
-    # raw, measure-autoregressive-too (off: only the strategy runs), the engine, then every strategy setting's
-    # control (left at its default)
+    # raw, the weights (the CLI run's), measure-autoregressive-too (off: only the strategy runs), the engine,
+    # then every strategy setting's control (left at its default)
     own = {f.name: f.default for f in fields(STRATEGIES[args.strategy].settings_cls)}
-    ui_args = [CODE_EDIT_PROMPT, args.model, args.strategy, "", args.max_new_tokens, 0.0, 0, 1.0, 0, False, False]
+    ui_args = [CODE_EDIT_PROMPT, args.model, args.strategy, "", args.max_new_tokens, 0.0, 0, 1.0, 0, False]
+    ui_args += [request.weights, False]
     ui_args += ["mtp-viz"]  # the engine
     ui_args += [own.get(name, f.default) for name, f in setting_fields().items()]
     run(request)  # warm-up: loads and converts the model once

@@ -2,6 +2,7 @@
 with autoregressive decoding in the same invocation as the baseline of every speedup."""
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from mtp_viz.errors import UserError
+from mtp_viz.llama_peers import LLAMA_CPP_PEERS, LlamaCppPeers, unavailable
 from mtp_viz.machine import machine_info
 from mtp_viz.models import load_heads_for, load_model, resolve_device
 from mtp_viz.peers import HF_ASSISTED, PEERS, PeerRun, run_peer
@@ -18,8 +20,9 @@ from mtp_viz.registry import load_registry
 from mtp_viz.runner import RunRequest, build_strategy_settings, parse_variant, run
 from mtp_viz.serving.peers import VLLM_PEERS, VLLMPeers
 from mtp_viz.strategies import STRATEGIES
-from mtp_viz.strategies.speculative import SpeculativeSettings
 from mtp_viz.trace import Trace, depth_counts
+
+log = logging.getLogger(__name__)
 
 SUITES = ("spec-bench",)
 BASELINE = "autoregressive"
@@ -64,31 +67,40 @@ def run_bench(
     progress: Callable[[int, int], None] | None = None,
     peers: list[str] = (),
 ) -> tuple[dict[str, list[Trace]], dict[str, list[PeerRun]]]:
-    """label → one trace per prompt, and peer (transformers generate) → one run per prompt.
+    """label → one trace per prompt, and peer (another engine) → one run per prompt.
 
     A label is a strategy name or a variant with settings ("conf_adapt:tau=0.8"), so one run can
     sweep a setting. On each prompt autoregressive runs first, then the strategies, then the
-    peers, all on the same prompt ids; one warm-up run before any timing is discarded."""
+    peers, all on the same prompt ids; one warm-up run before any timing is discarded. llama.cpp
+    peers are optional: where llama_cpp is not installed, or the model ships no GGUF, they are
+    skipped with one logged line."""
     variants = {label: parse_variant(label) for label in dict.fromkeys(strategies)}
     order = [BASELINE] + [label for label in variants if label != BASELINE]
+    known = PEERS + VLLM_PEERS + LLAMA_CPP_PEERS
     for peer in peers:
-        if peer not in PEERS + VLLM_PEERS:
-            raise UserError(f"unknown peer {peer!r}; choose from {', '.join(PEERS + VLLM_PEERS)}")
+        if peer not in known:
+            raise UserError(f"unknown peer {peer!r}; choose from {', '.join(known)}")
     served = VLLMPeers([p for p in peers if p in VLLM_PEERS], base, settings_for)  # requests checked now
     run(replace(base, prompt=prompts[0].text, strategy=BASELINE))  # warm-up, not recorded
     target = load_model(
         base.model or load_registry().default_for(resolve_device(base.device).type), base.device, base.dtype
     )
+    device_type = resolve_device(base.device).type
     for name, values in variants.values():  # bad settings or missing heads fail before any timing
-        build_strategy_settings(name, {**settings_for(name), **values})
+        build_strategy_settings(name, {**settings_for(name), **values}, device_type)
         if STRATEGIES[name].needs_heads:
             load_heads_for(target, base.heads)
+    if set(peers) & set(LLAMA_CPP_PEERS) and (why := unavailable(target.name)):
+        log.warning(why)
+        peers = [p for p in peers if p not in LLAMA_CPP_PEERS]
     draft = _peer_draft(base, target) if HF_ASSISTED in peers else None
-    k = settings_for("speculative").get("num_draft_tokens", SpeculativeSettings().num_draft_tokens)
+    lookup = build_strategy_settings("prompt_lookup", settings_for("prompt_lookup"), device_type)
+    local = LlamaCppPeers([p for p in peers if p in LLAMA_CPP_PEERS], target, machine_info()["threads"], lookup)
+    k = build_strategy_settings("speculative", settings_for("speculative"), device_type).num_draft_tokens
     traces: dict[str, list[Trace]] = {label: [] for label in order}
     peer_runs: dict[str, list[PeerRun]] = {peer: [] for peer in peers}
     total, done = len(prompts) * (len(order) + len(peers)), 0
-    with served:  # vLLM peers' servers: started before anything is timed, always stopped
+    with served, local:  # vLLM peers' servers started before anything is timed; both always closed
         for p in prompts:
             for label in order:
                 name, values = variants.get(label, (BASELINE, {}))
@@ -103,6 +115,8 @@ def run_bench(
             for peer in peers:
                 if peer in VLLM_PEERS:
                     peer_runs[peer].append(served.run(peer, prompt_ids))
+                elif peer in LLAMA_CPP_PEERS:
+                    peer_runs[peer].append(local.run(peer, prompt_ids, base.generation.max_new_tokens))
                 else:
                     peer_runs[peer].append(run_peer(peer, target, prompt_ids, base.generation.max_new_tokens, draft, k))
                 done += 1
@@ -271,9 +285,11 @@ def save(
     results.to_csv(out_dir / "results.csv", index=False)
     summary.to_csv(out_dir / "summary.csv", index=False)
     first = next((runs[0] for runs in traces.values() if runs), None)
+    machine = first.machine if first is not None else machine_info()
+    peers = {p: runs[0].machine for p, runs in (peer_runs or {}).items() if runs and runs[0].machine}
     record = {
         "model": traces[BASELINE][0].model if traces.get(BASELINE) else None,
-        "machine": first.machine if first is not None else machine_info(),
+        "machine": {**machine, "peers": peers} if peers else machine,
         "rows": json.loads(summary.to_json(orient="records")),
     }
     (out_dir / "summary.json").write_text(json.dumps(record, indent=1))

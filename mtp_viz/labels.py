@@ -1,11 +1,13 @@
 """Row labels and leading columns of benchmark tables. A row label is a strategy or a variant of
 one ("conf_adapt:tau=0.9"), or a peer, another engine's run on the same prompts in the same
-benchmark: transformers' `generate` ("hf_generate", mtp_viz.peers) or a vLLM server
-("vllm_prompt_lookup", mtp_viz.serving.peers)."""
+benchmark: transformers' `generate` ("hf_generate", mtp_viz.peers), a vLLM server
+("vllm_prompt_lookup", mtp_viz.serving.peers) or llama.cpp on the shipped GGUF
+("llama_cpp_autoregressive", mtp_viz.llama_peers)."""
 
 HF_PREFIX = "hf_"
 VLLM_PREFIX = "vllm_"
-PEER_KINDS = {HF_PREFIX: "peer (transformers)", VLLM_PREFIX: "peer (vLLM)"}
+LLAMA_CPP_PREFIX = "llama_cpp_"
+PEER_KINDS = {HF_PREFIX: "peer (transformers)", VLLM_PREFIX: "peer (vLLM)", LLAMA_CPP_PREFIX: "peer (llama.cpp)"}
 
 
 def is_peer(label: object) -> bool:
@@ -13,7 +15,7 @@ def is_peer(label: object) -> bool:
 
 
 def peer_kind(label: object) -> str:
-    """ "peer (transformers)", "peer (vLLM)", or "ours"."""
+    """ "peer (transformers)", "peer (vLLM)", "peer (llama.cpp)", or "ours"."""
     return next((kind for prefix, kind in PEER_KINDS.items() if str(label).startswith(prefix)), "ours")
 
 

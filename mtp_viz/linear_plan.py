@@ -9,7 +9,8 @@ used the CPU) is measured again, at most RETRIES times (none when most buckets a
 machine); still noisy, it decides nothing (stock for its rows), and the plan serves only
 RETRY_AFTER_S before a load measures it again. Plans are cached with when, by what and under what
 load they were measured (a record without that is not trusted), keyed by the machine (CPU model
-and flags, threads, torch, BLAS: mtp_viz.machine) and the weight shapes, so later loads pay nothing. `python -m mtp_viz tune` and the Theory tab measure again.
+and flags, threads, torch, BLAS: mtp_viz.machine) and the weight shapes, so later loads pay nothing.
+`python -m mtp_viz tune` and the Theory tab measure again.
 """
 
 import hashlib

@@ -82,7 +82,7 @@ def machine_label(info: dict) -> str:
 
 
 def describe(machine: dict) -> str:
-    """ "AMD EPYC, 2 threads; lean forward, eager; linear fast 1-2→2, …" for a trace's `machine`."""
+    """ "AMD EPYC, 2 threads; lean forward, eager; linear fast 1-2→2, …; weights q4 (…)" for a trace's `machine`."""
     if not machine:
         return "machine not recorded"
     if machine.get("engine") == "vllm":
@@ -93,4 +93,14 @@ def describe(machine: dict) -> str:
     compiled = f"compiled ({machine.get('compile_s', 0):.1f} s)" if machine.get("compiled") else "eager"
     note = f" [{machine['compile_note']}]" if machine.get("compile_note") else ""
     forward = machine.get("forward", "?")
-    return f"{machine_label(machine)}; {forward} forward, {compiled}{note}; linear {machine.get('linear', '?')}"
+    ours = f"{machine_label(machine)}; {forward} forward, {compiled}{note}; linear {machine.get('linear', '?')}"
+    ours += f"; weights {machine['weights']}" if machine.get("weights") else ""
+    return ours + "".join(f"; beside {p}" for p in dict.fromkeys(map(describe_peer, machine.get("peers", {}).values())))
+
+
+def describe_peer(peer: dict) -> str:
+    """ "llama.cpp (llama-cpp-python 0.3.36, AVX2 AVX512 …), 2 threads" for a bench peer's record."""
+    if peer.get("engine") == "llama.cpp":
+        build = f"llama-cpp-python {peer.get('llama_cpp_python', '?')}, {peer.get('cpu_features') or '?'}"
+        return f"llama.cpp ({build}), {peer.get('threads', '?')} threads"
+    return str(peer.get("engine", "another engine"))

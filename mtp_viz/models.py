@@ -27,16 +27,21 @@ from mtp_viz.drafters.draft import load_draft
 from mtp_viz.drafters.heads import MTPHeads, load_heads
 from mtp_viz.drafters.mask import load_mask_model
 from mtp_viz.errors import IncompatibleDraftError, UnknownModelError, UserError
+from mtp_viz.gguf_codes import cached_q4_codes
 from mtp_viz.kernels import plan_of, use_fast_linears
 from mtp_viz.linear_plan import tune
 from mtp_viz.paths import cache_root
 from mtp_viz.registry import ModelEntry, Source, load_registry
+from mtp_viz.weights import AUTO, FP32, Q4, Q4Codes, apply_format, check_format, format_of
+from mtp_viz.weights import describe as describe_weights
+from mtp_viz.weights_auto import NOTES, chosen_format
 
 log = logging.getLogger(__name__)
 
 HUB_HOST = ("huggingface.co", 443)
 HUB_TIMEOUT_S = 2.0
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CONVERTED_FROM = "mtp_viz_source.json"  # in a converted model's directory: the GGUF it came from
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")  # owner/name
 
 
@@ -48,6 +53,8 @@ class LoadedModel:
     chat: bool
     eos_token_ids: frozenset[int]
     source: str  # where the weights came from, for the trace and the logs
+    weights: str = FP32  # the weight format (mtp_viz.weights)
+    weights_detail: str = FP32  # the format as the records describe it (where q4's codes came from)
 
     @property
     def device(self) -> torch.device:
@@ -108,39 +115,64 @@ def display_name(name: str) -> str:
 _load_lock = threading.RLock()  # re-entered when an early-exit model loads its base
 
 
-def load_model(name: str, device: str | None = None, dtype: str | None = None) -> LoadedModel:
-    """A registry id or a local Hugging Face model directory → loaded model (cached per process)."""
+def load_model(name: str, device: str | None = None, dtype: str | None = None, weights: str = FP32) -> LoadedModel:
+    """A registry id or a local Hugging Face model directory → loaded model (cached per process),
+    its linear layers in weight format `weights` (mtp_viz.weights; auto: the one measured best here)."""
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
+    dt = str(resolve_dtype(dtype, dev)).removeprefix("torch.")
     with _load_lock:
-        return _load_cached(name, str(dev), str(dt).removeprefix("torch."))
+        if weights == AUTO:
+            weights = base_format(name, str(dev), dt)
+        check_format(weights, dev)
+        return _load_cached(name, str(dev), dt, weights)
+
+
+def base_format(name: str, device: str, dtype: str) -> str:
+    """The format `auto` stands for: measured (once per machine, mtp_viz.weights_auto) on the
+    model itself, or on its base for a model derived from another (a draft, an adapter)."""
+    entry = load_registry().models.get(name)
+    derived = next((s for s in entry.sources if s.base), None) if entry else None
+    if derived is not None:
+        return base_format(derived.base, device, dtype)
+    if torch.device(device).type != "cpu" or dtype != "float32":
+        return FP32  # measured on a CPU in float32 only; elsewhere the model runs as asked
+    return chosen_format(name, lambda fmt: _load_cached(name, device, dtype, fmt))
+
+
+def weights_choice(name: str) -> str | None:
+    """What `auto` chose for model `name` on this machine and why (one line), or None."""
+    entry = load_registry().models.get(name)
+    derived = next((s for s in entry.sources if s.base), None) if entry else None
+    return weights_choice(derived.base) if derived is not None else NOTES.get(name)
 
 
 @cache
-def _load_cached(name: str, device: str, dtype: str) -> LoadedModel:
+def _load_cached(name: str, device: str, dtype: str, weights: str = FP32) -> LoadedModel:
     registry = load_registry()
     if name in registry.models:
         entry = registry.get(name)
-        return _load_entry(entry, torch.device(device), DTYPES[dtype])
+        return _load_entry(entry, torch.device(device), DTYPES[dtype], weights)
     if is_model_dir(name):
         model, tok = _from_dir(Path(name), torch.device(device), DTYPES[dtype])
-        return _wrap(display_name(name), model, tok, chat=bool(tok and tok.chat_template), source=name)
+        chat = bool(tok and tok.chat_template)
+        return _wrap(display_name(name), model, tok, chat=chat, source=name, weights=weights)
     if HUB_ID.fullmatch(name) and hub_reachable():  # an unregistered hub repo (never with remote code)
         model, tok = _from_hub(name, torch.device(device), DTYPES[dtype])
-        return _wrap(name, model, tok, chat=bool(tok and tok.chat_template), source=f"hub:{name}")
+        return _wrap(name, model, tok, chat=bool(tok and tok.chat_template), source=f"hub:{name}", weights=weights)
     registry.get(name)  # raises UnknownModelError with the list of known ids
     raise AssertionError("unreachable")
 
 
-def _load_entry(entry: ModelEntry, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+def _load_entry(entry: ModelEntry, device: torch.device, dtype: torch.dtype, weights: str) -> LoadedModel:
     reasons = []
     for source in entry.sources:
         if source.kind in ("early_exit", "trained_draft", "mask_adapter"):
-            base = _load_cached(source.base, str(device), str(dtype).removeprefix("torch."))
+            # derived models share their base's modules, so they run in its format
+            base = _load_cached(source.base, str(device), str(dtype).removeprefix("torch."), weights)
             if source.kind == "early_exit":
                 model, where = early_exit_view(base.model, source.layers), f"{source.base}[:{source.layers}]"
             elif source.kind == "trained_draft":
-                model, where = load_draft(base.model, Path(source.path)), source.path
+                model, where = apply_format(load_draft(base.model, Path(source.path)), weights), source.path
             else:
                 model, where = load_mask_model(base.model, Path(source.path)), source.path
                 if model.mtp_mask_spec.mask_token_id != entry.mask_token_id:
@@ -148,14 +180,17 @@ def _load_entry(entry: ModelEntry, device: torch.device, dtype: torch.dtype) -> 
                         f"model {entry.id}: models.yaml says mask_token_id {entry.mask_token_id}, "
                         f"the adapter in {source.path} uses {model.mtp_mask_spec.mask_token_id}"
                     )
-            return _wrap(entry.id, model, base.tokenizer, chat=entry.chat, source=f"{source.kind}:{where}")
+            source_text = f"{source.kind}:{where}"
+            return _wrap(entry.id, model, base.tokenizer, entry.chat, source_text, weights, detail=base.weights_detail)
         path, why = _locate(entry, source)
         if path is None:
             reasons.append(f"{source.kind}: {why}")
             continue
         log.info("loading %s from %s", entry.id, path)
         model, tok = _from_dir(Path(path), device, dtype) if Path(path).is_dir() else _from_hub(path, device, dtype)
-        return _wrap(entry.id, model, tok, chat=entry.chat, source=f"{source.kind}:{path}")
+        codes, note = _shipped_codes(entry, Path(path), model) if weights == Q4 else (None, None)
+        detail = describe_weights(weights, note)
+        return _wrap(entry.id, model, tok, entry.chat, f"{source.kind}:{path}", weights, codes, detail)
     raise UnknownModelError(f"model {entry.id!r} could not be loaded from any source ({'; '.join(reasons)})")
 
 
@@ -179,6 +214,23 @@ def _locate(entry: ModelEntry, source: Source) -> tuple[str | None, str]:
     raise AssertionError(source.kind)
 
 
+def _shipped_codes(entry: ModelEntry, path: Path, model) -> tuple[dict[str, Q4Codes] | None, str | None]:
+    """The 4-bit codes of the GGUF the model at `path` was converted from (mtp_viz.gguf_codes),
+    and how the records name them; (None, None) when it was not converted from a Q4_1 GGUF."""
+    converted = path / CONVERTED_FROM
+    source = json.loads(converted.read_text()).get("gguf") if converted.is_file() else None
+    for s in entry.sources:
+        if s.kind != "gguf_wheel" or s.file != source:
+            continue
+        spec = importlib.util.find_spec(s.package)
+        gguf = Path(spec.submodule_search_locations[0]) / s.file if spec and spec.submodule_search_locations else None
+        if gguf is not None and gguf.is_file():
+            codes = cached_q4_codes(gguf, model, cache_root() / "weights")
+            if codes:
+                return codes, f"GGUF Q4_1 codes of {s.file} ({len(codes)} matrices)"
+    return None, None
+
+
 def convert_gguf(gguf: Path, out: Path) -> Path:
     """Dequantise a GGUF checkpoint into a safetensors model directory (atomically)."""
     log.warning("converting %s once into %s (takes ~20-30 s)", gguf.name, out)
@@ -196,7 +248,7 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
 def _save_converted(model, tok, gguf: Path, folder: Path) -> None:
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
-    (folder / "mtp_viz_source.json").write_text(json.dumps({"gguf": gguf.name}))
+    (folder / CONVERTED_FROM).write_text(json.dumps({"gguf": gguf.name}))
 
 
 def save_atomically(out: Path, write) -> Path:
@@ -264,7 +316,7 @@ def load_heads_for(target: LoadedModel, heads: str | None = None) -> tuple[str, 
 
 @cache
 def _heads_cached(target: LoadedModel, path: str) -> MTPHeads:
-    return load_heads(target.model, Path(path))
+    return apply_format(load_heads(target.model, Path(path)), target.weights)  # the target's format
 
 
 def _from_dir(path: Path, device: torch.device, dtype: torch.dtype):
@@ -280,18 +332,24 @@ def _from_hub(repo: str, device: torch.device, dtype: torch.dtype):
     return model, AutoTokenizer.from_pretrained(repo)
 
 
-def _wrap(name, model, tok, chat: bool, source: str) -> LoadedModel:
+def _wrap(name, model, tok, chat: bool, source: str, weights: str = FP32, codes=None, detail=None) -> LoadedModel:
     eos = model.generation_config.eos_token_id if model.generation_config else None
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     if tok is not None and tok.eos_token_id is not None:
         eos_ids.add(tok.eos_token_id)
-    if model.device.type == "cpu" and model.dtype == torch.float32:  # elsewhere F.linear is left alone
+    if weights != FP32:
+        if format_of(model) != weights:  # a derived model shares its base's, already in the format
+            apply_format(model, weights, codes)
+    elif model.device.type == "cpu" and model.dtype == torch.float32:  # elsewhere F.linear is left alone
         use_fast_linears(model, tune(model))
-    return LoadedModel(name, model, tok, chat and tok is not None, frozenset(eos_ids), source)
+    detail = detail or describe_weights(weights)
+    return LoadedModel(name, model, tok, chat and tok is not None, frozenset(eos_ids), source, weights, detail)
 
 
 def linear_path(loaded: LoadedModel) -> str:
     """How the model's linear layers compute (mtp_viz.kernels), for the records."""
+    if loaded.weights != FP32:
+        return f"{loaded.weights} weight-only kernels"
     if loaded.device.type == "cpu" and loaded.model.dtype == torch.float32:
         return plan_of(loaded.model).describe()
     return "F.linear"

@@ -29,6 +29,7 @@ class PeerRun:
     output_token_ids: list[int]
     output_text: str
     wall_time_s: float
+    machine: dict | None = None  # what the peer ran with, where it differs from ours (llama.cpp: threads, build)
 
     @property
     def tokens_per_s(self) -> float:

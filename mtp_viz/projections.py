@@ -9,8 +9,9 @@ reads the same whatever it is:
   by `fast_linear` under the plan of the modules it fused;
 - `with_lora`: the layer's peft LoRA adapters stacked on those, so projections reading the same
   input share two small products, gated to mask tokens where the adapter is (mask-token MTP).
-A weight format (int8, 4-bit codes) is one more such transform: a projection that holds its
-weight in that format and implements `p(x)` with the kernel for it.
+A weight format (mtp_viz.weights: bf16, int8, 4-bit codes) is one more such transform: its linears
+hold their weights in that format and compute `p(x)` with the kernel for it; `fused` joins q|k|v
+and gate|up in the format, and LoRA stacks on them as on any base.
 """
 
 from dataclasses import dataclass, fields
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from mtp_viz.kernels import STOCK_PLAN, FastLinear, Plan, fast_linear
+from mtp_viz.weights import FormatLinear, fuse
 
 MIN_GATE_ROWS = 64
 
@@ -127,7 +129,7 @@ class Projections:
 
 
 def _current(p: Projection) -> bool:
-    return p.current() if isinstance(p, (FusedLinear, StackedLoRA)) else True
+    return p.current() if isinstance(p, (FusedLinear, StackedLoRA, FormatLinear)) else True
 
 
 def _groups(layer: nn.Module) -> tuple[tuple[nn.Module, ...], ...]:
@@ -159,6 +161,9 @@ def fused(layer: nn.Module) -> Projections | None:
     dtype, or their biases are mixed."""
     (q, k, v), (o,), (g, u), (down,) = [tuple(base_linear(m) for m in group) for group in _groups(layer)]
     mods = (q, k, v, g, u)
+    if any(isinstance(m, FormatLinear) for m in mods):  # a weight format: fused in it (mtp_viz.weights)
+        qkv, gate_up = fuse((q, k, v)), fuse((g, u))
+        return None if qkv is None or gate_up is None else Projections(qkv, o, gate_up, down)
     if not all(isinstance(m, nn.Linear) for m in mods) or g.bias is not None:
         return None
     if len({(m.weight.device, m.weight.dtype) for m in mods}) != 1:

@@ -25,12 +25,14 @@ from mtp_viz.models import (
     load_model,
     resolve_device,
     shared_vocab_size,
+    weights_choice,
 )
 from mtp_viz.registry import load_registry
 from mtp_viz.strategies import STRATEGIES, get_strategy
 from mtp_viz.strategies.base import DecodeContext, GenerationSettings
 from mtp_viz.strategies.settings import for_device
 from mtp_viz.trace import STOP_CANCELLED, STOP_EOS, STOP_MAX_NEW_TOKENS, Step, Trace
+from mtp_viz.weights import AUTO, CHOICES, FP32
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,9 @@ class RunRequest:
     dtype: str | None = None
     record: str = RECORD_FULL
     compile: str = COMPILE_AUTO  # auto (on a GPU) | on | off: torch.compile of the lean forward
+    # the weight format of every model of the run (mtp_viz.weights): fp32 | bf16 | int8 | q4, or auto
+    # (measured on this machine; the CLI's and the app's default)
+    weights: str = FP32
 
 
 def setting_names(strategy: str) -> set[str]:
@@ -153,14 +158,16 @@ class Run:
             raise InvalidSettingsError(f"record must be {RECORD_FULL} or {RECORD_MINIMAL}")
         if request.compile not in COMPILE_CHOICES:
             raise InvalidSettingsError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, got {request.compile!r}")
+        if request.weights not in CHOICES:
+            raise InvalidSettingsError(f"weights must be one of {', '.join(CHOICES)}, got {request.weights!r}")
         model_name = request.model or load_registry().default_for(device.type)
-        self.target = load_model(model_name, request.device, request.dtype)
+        self.target = load_model(model_name, request.device, request.dtype, request.weights)
         self.draft = self._load_draft(model_name) if self.spec.needs_draft else None
         entry = load_registry().models.get(model_name)
         self.mask_token_id = entry.mask_token_id if entry else None
         if self.mask_token_id is None and entry and entry.mask_model and self.spec.masks_wanted(self.settings):
             # the model's mask-token MTP model: the same weights with a mask token and its adapter
-            self.target = load_model(entry.mask_model, request.device, request.dtype)
+            self.target = load_model(entry.mask_model, request.device, request.dtype, request.weights)
             self.mask_token_id = load_registry().get(entry.mask_model).mask_token_id
         self.heads_name, self.heads = (
             load_heads_for(self.target, request.heads)
@@ -186,7 +193,7 @@ class Run:
                     f"{model_name}, so name one with --draft"
                 )
             name = entry.drafts[0]
-        return load_model(name, self.request.device, self.request.dtype)
+        return load_model(name, self.request.device, self.request.dtype, self.request.weights)
 
     def _prompt_ids(self) -> list[int]:
         r = self.request
@@ -222,6 +229,8 @@ class Run:
                 self.request.compile == COMPILE_AUTO and self.target.device.type == "cuda"
             )
             self.engine = prepare_engine([m for m in (self.target, self.draft) if m is not None], wanted)
+            if self.request.weights == AUTO:
+                self.engine["weights_choice"] = weights_choice(self.target.name)
             for m in (self.target, self.draft):
                 if m is not None:
                     _warm_up(m, self.prompt_ids)
@@ -285,6 +294,7 @@ class Run:
             "eos_token_ids": sorted(self.target.eos_token_ids),
             "record": r.record,
             "compile": r.compile,
+            "weights": r.weights,
         }
         return Trace(
             strategy=self.spec.name,
@@ -330,6 +340,7 @@ def prepare_engine(models: list[LoadedModel], compile_wanted: bool) -> dict[str,
     engine: dict[str, Any] = {
         "forward": engine_for(target.model),
         "linear": linear_path(target),
+        "weights": target.weights_detail,
         "compiled": False,
         "compile_s": 0.0,
     }

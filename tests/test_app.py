@@ -195,7 +195,7 @@ def test_explore_runs_on_vllm_through_the_app_and_draws_the_trace(client, fake_v
 
     from mtp_viz.ui.controls import setting_fields
 
-    ui_args = ["the cat", "tiny", "autoregressive", "", 3, 0.0, 0, 1.0, 0, False, False, "vllm"]
+    ui_args = ["the cat", "tiny", "autoregressive", "", 3, 0.0, 0, 1.0, 0, False, "fp32", False, "vllm"]
     ui_args += [f.default for f in setting_fields().values()]
     outputs = client.predict(*ui_args, api_name="/explore_stream")
     tokens, summary = outputs[0], outputs[1]

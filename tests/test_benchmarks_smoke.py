@@ -116,3 +116,12 @@ def test_streaming(launched_app, monkeypatch, capsys):
     run_script(streaming, monkeypatch, "--model", MODEL, "--max-new-tokens", "4", "--repeats", "1")
     printed = capsys.readouterr().out
     assert "end to end: runner" in printed and "CPU seconds per run" in printed
+
+
+def test_weights(smoke_env, monkeypatch, capsys, tmp_path):
+    out = tmp_path / "weights.json"
+    args = ["--model", MODEL, "--prompts", "2", "--new-tokens", "4", "--ar-prompts", "1", "--max-new-tokens", "3"]
+    assert run_script(script("weights"), monkeypatch, *args, "--rounds", "1", "--out", str(out)) == 0
+    printed = capsys.readouterr().out
+    assert "| q4 |" in printed and "| fp32 | 100.00% |" in printed
+    assert set(json.loads(out.read_text())["formats"]) == {"fp32", "bf16", "int8", "q4"}

@@ -19,7 +19,8 @@ LAYERS = (
     ("applications", "bench deploy llama_peers peers profile quality serving training"),
     ("runner", "runner"),  # a request → a strategy's run → a trace
     ("strategies", "strategies"),  # decoding algorithms yielding steps
-    ("models", "cache drafters lean models projections registry"),  # loading, drafters, the lean forward
+    # loading, weight formats, drafters, the lean forward
+    ("models", "cache drafters gguf_codes lean models projections registry weights weights_auto"),
     (
         "foundation",
         "__init__ clock detok errors kernels labels linear_plan machine paths prompts sampling theory trace",

@@ -9,6 +9,8 @@ from tqdm import tqdm
 from mtp_viz.bench import load_suite, run_bench, save
 from mtp_viz.cli.options import add_backend, add_compile, given
 from mtp_viz.errors import UserError
+from mtp_viz.llama_peers import INSTALL as LLAMA_CPP_INSTALL
+from mtp_viz.llama_peers import LLAMA_CPP_PEERS
 from mtp_viz.models import load_model
 from mtp_viz.peers import PEERS
 from mtp_viz.profile import read_batch_profile
@@ -43,7 +45,9 @@ def add(sub) -> None:
         help="other engines on the same prompts in the same run, comma-separated: transformers' "
         + ", ".join(PEERS)
         + "; a vLLM server per served strategy (needs .venv-vllm): "
-        + ", ".join(VLLM_PEERS),
+        + ", ".join(VLLM_PEERS)
+        + f"; llama.cpp on the model's shipped GGUF (needs {LLAMA_CPP_INSTALL}; skipped without it): "
+        + ", ".join(LLAMA_CPP_PEERS),
     )
     p.add_argument("--out", type=Path, required=True)
     add_backend(p)

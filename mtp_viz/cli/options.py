@@ -4,12 +4,24 @@ import argparse
 
 from mtp_viz.runner import COMPILE_CHOICES
 from mtp_viz.serving.backend import BACKEND_OURS, BACKENDS
+from mtp_viz.weights import AUTO, CHOICES
 
 COMPILE_HELP = "torch.compile the lean forward: auto (on a GPU), on, off; compiled once, outside the timing"
 
 
 def add_compile(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", choices=COMPILE_CHOICES, default="auto", help=COMPILE_HELP)
+
+
+def add_weights(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--weights",
+        choices=CHOICES,
+        default=AUTO,
+        help="weight format of every model of the run: fp32, bf16, int8 (per channel), q4 (a GGUF's own 4-bit "
+        "codes where the model ships as one); auto: the fastest here whose greedy agreement with fp32 is ≥ 99%% "
+        "(measured once per machine and model, cached)",
+    )
 
 
 def add_backend(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from mtp_viz.cli.options import add_backend, add_compile, given
+from mtp_viz.cli.options import add_backend, add_compile, add_weights, given
 from mtp_viz.errors import UserError
 from mtp_viz.machine import describe
 from mtp_viz.quality import check_distribution
@@ -56,6 +56,7 @@ def _add_request(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     add_compile(p)
+    add_weights(p)
 
 
 def _request(args: argparse.Namespace, max_new_tokens: int, default_temperature: float) -> RunRequest:
@@ -63,7 +64,7 @@ def _request(args: argparse.Namespace, max_new_tokens: int, default_temperature:
     strategy_settings.update(given(args, "num_draft_tokens", "max_ngram_size", "min_ngram_size"))
     temperature = default_temperature if args.temperature is None else args.temperature
     return RunRequest(
-        **given(args, "prompt", "model", "strategy", "draft", "heads", "raw", "device", "dtype", "compile"),
+        **given(args, "prompt", "model", "strategy", "draft", "heads", "raw", "device", "dtype", "compile", "weights"),
         generation=GenerationSettings(
             max_new_tokens=max_new_tokens, temperature=temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
         ),

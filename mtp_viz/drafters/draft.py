@@ -32,8 +32,12 @@ class DraftSpec:
     reduced_vocab: int
 
 
-def build_draft(target: PreTrainedModel, init_layers: tuple[int, ...], vocab_ids: torch.Tensor) -> PreTrainedModel:
-    """A draft whose layer j starts as a copy of target layer init_layers[j]."""
+def build_draft(
+    target: PreTrainedModel, init_layers: tuple[int, ...], vocab_ids: torch.Tensor, copy_layers: bool = True
+) -> PreTrainedModel:
+    """A draft whose layer j starts as a copy of target layer init_layers[j] (unless not
+    `copy_layers`: a trained draft's layers are loaded from its file, and a target in a weight
+    format other than fp32 has no float weights to copy)."""
     config = copy.deepcopy(target.config)
     config.num_hidden_layers = len(init_layers)
     config.tie_word_embeddings = False
@@ -45,7 +49,8 @@ def build_draft(target: PreTrainedModel, init_layers: tuple[int, ...], vocab_ids
     layers = []
     for j, i in enumerate(init_layers):
         layer = layer_cls(config, j).to(device=target.device, dtype=target.dtype)  # j: its index in the cache
-        layer.load_state_dict(target.model.layers[i].state_dict())
+        if copy_layers:
+            layer.load_state_dict(target.model.layers[i].state_dict())
         layers.append(layer)
     draft.model.layers = torch.nn.ModuleList(layers)
     draft.model.embed_tokens = target.model.embed_tokens  # shared, frozen
@@ -83,7 +88,7 @@ def load_draft(target: PreTrainedModel, path: Path) -> PreTrainedModel:
     if (spec.hidden_size, spec.vocab_size) != (target.config.hidden_size, target.config.vocab_size):
         raise UserError(f"draft in {path} was trained for another target ({spec.base})")
     tensors = load_file(path / WEIGHTS_FILE)
-    draft = build_draft(target, spec.init_layers, tensors.pop("vocab_ids").long())
+    draft = build_draft(target, spec.init_layers, tensors.pop("vocab_ids").long(), copy_layers=False)
     params = trained_parameters(draft)
     with torch.no_grad():
         for name, value in tensors.items():

@@ -27,9 +27,12 @@ class ReducedHead(nn.Module):
         index = torch.full((vocab_size,), -1, dtype=torch.long)
         index[ids.long()] = torch.arange(len(ids))
         self.register_buffer("index", index, persistent=False)  # full id → reduced id, −1 if absent
+        self.product: nn.Module | None = None  # the rows in a weight format (mtp_viz.weights), when one is applied
 
     def reduced(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) → (..., V') logits over the subset."""
+        if self.product is not None:
+            return self.product(hidden)
         return fast_linear(hidden, self.weight, plan=self.plan)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

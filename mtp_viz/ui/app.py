@@ -40,17 +40,19 @@ def api_run(
     min_ngram_size: int | None = None,
     settings: dict | None = None,
     compile: str = "auto",
+    weights: str = "auto",
 ) -> dict:
     """Decode one prompt with one strategy; returns the trace as JSON (docs/trace-format.md).
     `settings`: any of the strategy's settings by name (README), e.g. {"tree": "chain", "tau": 0.8}.
     `compile`: auto (on a GPU) | on | off, torch.compile of the lean forward (the trace's `machine` says
-    what happened)."""
+    what happened). `weights`: auto | fp32 | bf16 | int8 | q4, the models' weight format (the trace's
+    `machine` says which ran, and for auto why)."""
     named = {"num_draft_tokens": num_draft_tokens, "max_ngram_size": max_ngram_size, "min_ngram_size": min_ngram_size}
     named = {k: v for k, v in named.items() if v is not None}  # given on purpose: the strategy must have them
     generation = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     try:
         settings = {**named, **service.parse_settings(settings)}
-        request = service.build_request(prompt, model, strategy, draft, raw, settings, compile, **generation)
+        request = service.build_request(prompt, model, strategy, draft, raw, settings, compile, weights, **generation)
         return service.run_to_end(request).to_dict()
     except UserError as e:
         raise gr.Error(str(e)) from None

@@ -31,6 +31,7 @@ from mtp_viz.strategies import get_strategy
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import Step, Trace
 from mtp_viz.viz.tables import metrics_table
+from mtp_viz.weights import AUTO
 
 MAX_TRACE_BYTES = 8 * 1024 * 1024  # uploads above this are refused
 MAX_COMPARED = 4  # runs side by side in a comparison: autoregressive + 3 others
@@ -250,6 +251,7 @@ def build_request(
     raw: bool = False,
     settings: dict | None = None,
     compile: str = "auto",
+    weights: str = AUTO,
     **values,
 ) -> RunRequest:
     """UI values (numbers arrive as floats, empty choices as "" or None) → a validated RunRequest.
@@ -281,6 +283,7 @@ def build_request(
         generation=GenerationSettings(**generation),
         strategy_settings=strategy_settings,
         compile=compile or "auto",
+        weights=weights or AUTO,
     )
 
 

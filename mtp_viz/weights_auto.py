@@ -1,0 +1,219 @@
+"""`--weights auto`: the weight format (mtp_viz.weights) this machine runs a model fastest in,
+among those that stay close enough to fp32, measured once and cached like the linear plan.
+
+Close enough: greedy agreement with fp32 of at least AGREEMENT_FLOOR on held-out prompts
+(Spec-Bench questions, one per category, which no training here used): fp32 writes a greedy
+continuation, each format reads it teacher-forced, and agreement is the share of positions where
+the format's greedy token is fp32's; the mean negative log-likelihood of fp32's tokens under the
+format is kept beside it. Fastest: the median time of a one-token forward (head included) over
+interleaved rounds (each round times every format back to back, so a busy machine hits them
+alike); a format whose rounds spread beyond the linear plan's MAX_SPREAD is timed again, and a
+comparison still noisy decides nothing: fp32 serves, for RETRY_AFTER_S, then a load measures
+again. The record says when, under what load, with what agreement and speed.
+"""
+
+import hashlib
+import json
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from mtp_viz.cache import CachedModel
+from mtp_viz.linear_plan import MAX_SPREAD, RETRIES, load_average, spread, still_good
+from mtp_viz.machine import machine_info, machine_key
+from mtp_viz.paths import cache_root
+from mtp_viz.prompts import spec_bench
+from mtp_viz.weights import FORMATS, FP32
+
+log = logging.getLogger(__name__)
+
+AGREEMENT_FLOOR = 0.99
+PROMPTS = 8  # held-out prompts (the first question of each of this many categories)
+NEW_TOKENS = 32  # fp32's greedy continuation each format is scored on
+ROUNDS = 5  # timed rounds, after one warm-up
+FORWARDS = 8  # one-token forwards per format per round
+RECORD_VERSION = 1
+
+
+class Loaded(Protocol):  # mtp_viz.models.LoadedModel, as far as this module reads it
+    model: torch.nn.Module
+    tokenizer: object
+    chat: bool
+
+
+def held_out_prompts(count: int = PROMPTS) -> list[str]:
+    """The first Spec-Bench question of each of the first `count` categories (sorted by name)."""
+    firsts: dict[str, str] = {}
+    for q in spec_bench():
+        firsts.setdefault(q["category"], q["turns"][0])
+    return [firsts[c] for c in sorted(firsts)[:count]]
+
+
+def encode(loaded: Loaded, prompt: str) -> list[int]:
+    tok = loaded.tokenizer
+    if loaded.chat and tok.chat_template:
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        return list(ids["input_ids"] if not isinstance(ids, list) else ids)
+    return tok(prompt)["input_ids"]
+
+
+@torch.inference_mode()
+def greedy(model: torch.nn.Module, prompt_ids: list[int], new_tokens: int) -> list[int]:
+    """`new_tokens` greedy tokens after the prompt, through the engine (CachedModel)."""
+    cached, seq = CachedModel(model), list(prompt_ids)
+    for _ in range(new_tokens):
+        seq.append(int(cached.forward(seq)[-1].argmax()))
+    return seq[len(prompt_ids) :]
+
+
+@torch.inference_mode()
+def scored(model: torch.nn.Module, prompt_ids: list[int], output: list[int]) -> tuple[int, float]:
+    """(positions where `model`'s greedy token is output's, summed NLL of output) teacher-forced."""
+    logits = CachedModel(model).forward(prompt_ids + output, logits_to_keep=len(output) + 1)[:-1]  # (n, V)
+    target = torch.tensor(output, device=logits.device)
+    nll = torch.nn.functional.cross_entropy(logits, target, reduction="sum")
+    return int((logits.argmax(-1) == target).sum()), float(nll)
+
+
+def quality(reference: Loaded, others: dict[str, Loaded], prompts: list[str], new_tokens: int = NEW_TOKENS) -> dict:
+    """Per format: agreement with `reference`'s greedy tokens and mean NLL of them, teacher-forced."""
+    totals = {fmt: [0, 0.0] for fmt in others}
+    positions = 0
+    for prompt in prompts:
+        ids = encode(reference, prompt)
+        output = greedy(reference.model, ids, new_tokens)
+        positions += len(output)
+        for fmt, other in others.items():
+            agree, nll = scored(other.model, ids, output)
+            totals[fmt][0] += agree
+            totals[fmt][1] += nll
+    return {
+        fmt: {"agreement": round(a / positions, 4), "nll": round(n / positions, 4), "positions": positions}
+        for fmt, (a, n) in totals.items()
+    }
+
+
+@torch.inference_mode()
+def forward_times(
+    models: dict[str, torch.nn.Module], prompt_ids: list[int], rows: int = 1, rounds: int = ROUNDS
+) -> dict[str, list[float]]:
+    """Seconds per forward of `rows` new tokens after the prompt, per format, in interleaved rounds
+    (which format goes first rotates round by round); round 0 warms up and is dropped."""
+    cached = {fmt: CachedModel(m) for fmt, m in models.items()}
+    for c in cached.values():
+        c.forward(prompt_ids)
+    extra = prompt_ids[:rows]
+    times: dict[str, list[float]] = {fmt: [] for fmt in models}
+    order = list(models)
+    for round_ in range(rounds + 1):
+        for fmt in order[round_ % len(order) :] + order[: round_ % len(order)]:
+            c = cached[fmt]
+            start = time.perf_counter()
+            for _ in range(FORWARDS):
+                c.forward(prompt_ids + extra)
+                c.rollback(len(prompt_ids))
+            if round_:
+                times[fmt].append((time.perf_counter() - start) / FORWARDS)
+    return times
+
+
+def choose(agreement: dict[str, float], times: dict[str, list[float]]) -> tuple[str, bool]:
+    """(the fastest format with agreement ≥ AGREEMENT_FLOOR, fp32 if none is faster; whether the
+    timings were steady). A noisy comparison decides nothing: fp32."""
+    steady = all(spread(t) <= MAX_SPREAD for t in times.values())
+    if not steady:
+        return FP32, False
+    eligible = [f for f in times if f == FP32 or agreement.get(f, 0.0) >= AGREEMENT_FLOOR]
+    return min(eligible, key=lambda f: statistics.median(times[f])), True
+
+
+def record_path(name: str, model: torch.nn.Module) -> Path:
+    """Keyed by the machine and the model: its name and a fingerprint of its config and weight sizes."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    shapes = sorted((n, tuple(p.shape)) for n, p in model.named_parameters())
+    config = model.config.to_json_string() if hasattr(model, "config") else ""
+    fingerprint = hashlib.sha256(f"{config}{shapes}".encode()).hexdigest()[:10]
+    return cache_root() / "weights" / f"auto-{machine_key()}-{safe}-{fingerprint}.json"
+
+
+def read_record(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+        datetime.fromisoformat(data["measured_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return data if data.get("version") == RECORD_VERSION and data.get("chosen") in FORMATS else None
+
+
+def describe_record(record: dict) -> str:
+    """ "q4 (agreement with fp32 99.6%, one-token forward 14.2 ms vs fp32's 31.0 ms; measured … under load 0.9)" """
+    chosen = record["chosen"]
+    ms = {f: r["forward_ms"] for f, r in record["formats"].items()}
+    load = record.get("load_average")
+    busy = f"load {load[0]:.1f}" if load else "load unknown"
+    steady = "" if record["settled"] else "; timings too noisy, fp32 until measured again"
+    agreement = record["formats"][chosen].get("agreement", 1.0)
+    return (
+        f"{chosen} (agreement with fp32 {agreement:.1%}, one-token forward {ms[chosen]:.1f} ms vs fp32's "
+        f"{ms[FP32]:.1f} ms; measured {record['measured_at']}, {busy}{steady})"
+    )
+
+
+def measure(load: Callable[[str], Loaded]) -> dict:
+    """Every format's agreement, NLL and one-token forward time, and the choice (the record)."""
+    started, load_avg = time.time(), load_average()
+    loaded = {fmt: load(fmt) for fmt in FORMATS}
+    prompts = held_out_prompts()
+    scores = quality(loaded[FP32], {f: m for f, m in loaded.items() if f != FP32}, prompts)
+    ids = encode(loaded[FP32], prompts[0])
+    models = {f: m.model for f, m in loaded.items()}
+    times = forward_times(models, ids)
+    for _ in range(RETRIES):
+        if all(spread(t) <= MAX_SPREAD for t in times.values()):
+            break
+        times = forward_times(models, ids)
+    chosen, settled = choose({f: s["agreement"] for f, s in scores.items()}, times)
+    formats = {
+        f: {**scores.get(f, {}), "forward_ms": round(statistics.median(times[f]) * 1e3, 3), "spread": spread(times[f])}
+        for f in FORMATS
+    }
+    return {
+        "version": RECORD_VERSION,
+        "chosen": chosen,
+        "settled": settled,
+        "formats": formats,
+        "floor": AGREEMENT_FLOOR,
+        "prompts": len(prompts),
+        "new_tokens": NEW_TOKENS,
+        "measured_at": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+        "load_average": load_avg,
+        "machine": machine_info("cpu"),
+        "seconds": round(time.time() - started, 1),
+    }
+
+
+def chosen_format(name: str, load: Callable[[str], Loaded]) -> str:
+    """The format `auto` means for model `name` here: cached, else measured now (`load(fmt)` gives
+    the model in a format) and cached. Says which it chose."""
+    path = record_path(name, load(FP32).model)
+    record = read_record(path)
+    if record is None or not still_good(record, time.time()):
+        log.warning("measuring %s's weight formats on this machine once (agreement and speed, ~1 min)", name)
+        record = measure(load)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record, indent=1))
+        except OSError as e:
+            log.warning("could not cache the weight format choice in %s: %s", path, e)
+    log.warning("weights auto for %s: %s", name, describe_record(record))
+    NOTES[name] = describe_record(record)
+    return record["chosen"]
+
+
+NOTES: dict[str, str] = {}  # model name → what auto chose for it in this process, and why (for the trace)

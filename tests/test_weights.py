@@ -1,0 +1,175 @@
+"""Weight formats (mtp_viz.weights): what each holds, that the fused and the single products agree,
+and that every lossless strategy stays token-identical to autoregressive decoding on the same
+weights, in every format, on tiny random models, through both engines."""
+
+import copy
+
+import pytest
+import torch
+from conftest import decode, perturbed, tiny_model
+from test_greedy_identity import PROMPT, _lossless_runs
+
+from mtp_viz.cache import ENGINE_ENV, ENGINES, LEAN, CachedModel
+from mtp_viz.errors import UserError
+from mtp_viz.lean import lean_model
+from mtp_viz.machine import describe
+from mtp_viz.strategies.base import GenerationSettings
+from mtp_viz.trace import VERDICT_ACCEPTED, VERDICT_REJECTED
+from mtp_viz.weights import (
+    BF16,
+    FORMATS,
+    FP32,
+    GROUP,
+    HEAD_FORMAT,
+    INT8,
+    Q4,
+    FormatLinear,
+    Q4Linear,
+    apply_format,
+    check_format,
+    format_of,
+    fuse,
+    kernel_pack,
+    quantize_q4,
+)
+
+QUANTIZED = [f for f in FORMATS if f != FP32]
+
+
+def formatted(fmt: str, name: str = "llama-2l", seed: int = 0):
+    return apply_format(tiny_model(name, seed=seed), fmt)
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED)
+def test_every_linear_is_swapped_and_the_head_takes_its_own_format(fmt):
+    model = formatted(fmt)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(isinstance(m, FormatLinear) for m in linears)
+    assert model.lm_head.fmt == HEAD_FORMAT[fmt]
+    assert {m.fmt for m in model.model.layers.modules() if isinstance(m, FormatLinear)} == {fmt}
+    assert format_of(model) == fmt and format_of(tiny_model()) == FP32
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED)
+def test_a_format_stays_close_to_fp32(fmt):
+    """Each product is the fp32 one up to the format's rounding (bf16 ≪ int8 < 4 bits)."""
+    torch.manual_seed(0)
+    w = torch.randn(96, 128) * 0.05
+    linear = torch.nn.Linear(128, 96, bias=False)
+    linear.weight.data = w
+    made = apply_format(torch.nn.Sequential(linear), fmt)[0]
+    x = torch.randn(5, 128)
+    relative = ((made(x) - x @ w.T).norm() / (x @ w.T).norm()).item()
+    assert relative < {BF16: 0.01, INT8: 0.02, Q4: 0.15}[fmt]
+    assert made(x).dtype == torch.float32
+    assert (made.weight - w).abs().max() <= {BF16: 0.002, INT8: 0.002, Q4: 0.03}[fmt]
+
+
+def test_q4_codes_follow_the_q4_1_rule():
+    torch.manual_seed(1)
+    w = torch.randn(8, 4 * GROUP)
+    codes = quantize_q4(w)
+    assert codes.codes.max() <= 15 and codes.codes.dtype == torch.uint8
+    blocks = w.view(8, 4, GROUP)
+    assert torch.equal(codes.m, blocks.amin(-1).half())
+    # a block's error is at most half a step, plus the float16 roundings of d and m
+    step = codes.d.float().repeat_interleave(GROUP, dim=1)
+    assert ((codes.dequantize() - w).abs() <= step * 0.5 + 2e-3).all()
+
+
+def test_the_fast_int4_packing_is_torchs():
+    """kernel_pack writes torch's int4 CPU layout with tensor ops (torch's packer is ~10 s for the model)."""
+    for n, k in ((128, 64), (192, 96), (16, 64)):
+        codes = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+        expected = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1)
+        assert torch.equal(kernel_pack(codes), expected)
+
+
+def test_q4_dequantized_weights_are_what_the_kernel_multiplies():
+    torch.manual_seed(2)
+    layer = Q4Linear.of(torch.randn(64, 2 * GROUP))
+    eye = torch.eye(2 * GROUP)
+    through_kernel = layer(eye).T  # (N, K): each column of the identity picks one weight
+    assert torch.equal(through_kernel, layer.weight.bfloat16().float())  # the product is bf16-rounded
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED)
+def test_fused_product_equals_the_separate_ones_and_shares_their_buffers(fmt):
+    model = formatted(fmt)
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(3, 32)
+    separate = torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], dim=-1)
+    joined = fuse((attn.q_proj, attn.k_proj, attn.v_proj))
+    assert torch.equal(joined(x), separate)
+    name = joined.ROWS[0]
+    assert getattr(attn.q_proj, name).untyped_storage().data_ptr() == getattr(joined, name).untyped_storage().data_ptr()
+    assert joined.current()
+    again = fuse((attn.q_proj, attn.k_proj, attn.v_proj))  # already views: no copy
+    assert getattr(again, name).data_ptr() == getattr(joined, name).data_ptr()
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED)
+def test_lean_and_transformers_forwards_agree_in_a_format(fmt, monkeypatch):
+    model = formatted(fmt, "qwen2-2l")  # q|k|v with biases
+    assert lean_model(model) is not None
+    lean = CachedModel(model).forward(PROMPT, logits_to_keep=len(PROMPT))
+    monkeypatch.setenv(ENGINE_ENV, "transformers")
+    reference = CachedModel(model).forward(PROMPT, logits_to_keep=len(PROMPT))
+    assert torch.allclose(lean, reference, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("fmt", QUANTIZED)
+@pytest.mark.parametrize("name", ["llama-2l", "qwen2-2l"])
+def test_lossless_strategies_identical_to_autoregressive_in_every_format(name, fmt, engine, monkeypatch):
+    monkeypatch.setenv(ENGINE_ENV, engine)
+    model = tiny_model(name, seed=0)
+    draft = apply_format(perturbed(model, noise=0.2, seed=10), fmt)
+    apply_format(model, fmt)
+    generation = GenerationSettings(max_new_tokens=40)
+    reference, _ = decode(model, "autoregressive", PROMPT, generation)
+    for label, output, steps in _lossless_runs(model, draft, generation):
+        assert output == reference, label
+        verdicts = [v for s in steps for v in s.verdicts]
+        assert VERDICT_ACCEPTED in verdicts and VERDICT_REJECTED in verdicts, label
+
+
+def test_q4_is_cpu_only_and_unknown_formats_are_refused():
+    with pytest.raises(UserError, match="q4 runs on a CPU"):
+        check_format(Q4, "cuda")
+    with pytest.raises(UserError, match="unknown weight format"):
+        check_format("int3", "cpu")
+    check_format(INT8, "cpu")
+
+
+def test_lora_adapters_stay_float32_on_a_formatted_base():
+    from mtp_viz.drafters.mask import MaskSpec, mask_model
+
+    base = formatted(Q4)
+    spec = MaskSpec(base="tiny", vocab_size=base.config.vocab_size, hidden_size=base.config.hidden_size, rank=4)
+    view = mask_model(base, spec)
+    q = view.model.layers[0].self_attn.q_proj
+    assert isinstance(q.base_layer, Q4Linear)
+    assert q.lora_A["default"].weight.dtype == torch.float32 and type(q.lora_A["default"]) is torch.nn.Linear
+    assert q.base_layer.codes is base.model.layers[0].self_attn.q_proj.codes  # shared, not copied
+
+
+def test_a_copy_shares_the_codes_and_remakes_the_kernel_form():
+    model = formatted(Q4)
+    layer = model.model.layers[0].mlp.down_proj
+    x = torch.randn(2, layer.in_features)
+    expected = layer(x)
+    clone = copy.deepcopy(layer, {id(layer.codes): layer.codes, id(layer.d): layer.d, id(layer.m): layer.m})
+    assert clone.codes is layer.codes and "_kernel" not in clone.__dict__
+    assert torch.equal(clone(x), expected)
+
+
+def test_engine_records_the_format(use_tiny_registry):
+    from mtp_viz.models import load_model
+    from mtp_viz.runner import RunRequest, run
+
+    trace = run(RunRequest(prompt="the cat", model="tiny", weights=INT8, generation=GenerationSettings(4)))
+    assert trace.settings["weights"] == INT8 and trace.machine["weights"].startswith("int8 (")
+    assert "weights int8" in describe(trace.machine)
+    assert load_model("tiny", weights=INT8).weights == INT8
+    assert trace.machine["forward"] == LEAN

@@ -1,0 +1,95 @@
+"""The embedded model in its shipped 4-bit codes: how exact the mapping onto torch's int4 kernel
+is, and every lossless strategy token-identical to autoregressive decoding on the q4 weights."""
+
+import pytest
+import torch
+
+from mtp_viz.models import load_model
+from mtp_viz.runner import RunRequest, run
+from mtp_viz.strategies.base import GenerationSettings
+from mtp_viz.weights import BF16, GROUP, Q4, Int8Linear, Q4Linear
+
+pytestmark = pytest.mark.slow
+MODEL = "smollm2-135m"
+PROMPT = "Fix the bug in this function and return the whole function:\ndef mean(xs):\n    return sum(xs) / len(x)\n"
+MAX_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def fp32():
+    return load_model(MODEL)
+
+
+@pytest.fixture(scope="module")
+def q4():
+    return load_model(MODEL, weights=Q4)
+
+
+def q4_layers(model) -> dict[str, Q4Linear]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, Q4Linear)}
+
+
+def test_every_layer_keeps_the_files_codes_and_the_head_is_int8(q4):
+    layers = q4_layers(q4.model)
+    assert len(layers) == 210  # 30 layers × q, k, v, o, gate, up, down: the GGUF's Q4_1 matrices
+    assert isinstance(q4.model.lm_head, Int8Linear)
+    assert "GGUF Q4_1 codes" in q4.weights_detail
+
+
+def test_the_files_codes_are_the_converted_weights_exactly(fp32, q4):
+    """w = q·d + m from the file's codes equals, bit for bit, the float32 weights transformers
+    dequantized (q_proj and k_proj rows in transformers' order): largest difference 0.0."""
+    reference = dict(fp32.model.named_modules())
+    worst = max(
+        (m.q4_codes().dequantize() - reference[n].weight).abs().max().item() for n, m in q4_layers(q4.model).items()
+    )
+    assert worst == 0.0
+
+
+def test_the_kernels_weights_against_the_converted_ones(fp32, q4):
+    """The int4 kernel computes (q − 8)·scale + zero. With float32 activations, scale and zero it
+    multiplies exactly the converted weights; the fast path (bfloat16, as q4 runs) rounds scale and
+    zero: its largest weight difference is measured here (docs/BENCHMARKS.md quotes it)."""
+    reference = dict(fp32.model.named_modules())
+    layers = q4_layers(q4.model)
+    fast = max((m.dequantize() - reference[n].weight).abs().max().item() for n, m in layers.items())
+    assert 0 < fast < 0.03
+    name = "model.layers.3.self_attn.q_proj"  # through the kernel itself, float32 path: an identity input
+    layer = layers[name]
+    packed, _ = layer.kernel()
+    eye = torch.eye(layer.in_features)
+    exact = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, packed, GROUP, layer.kernel_scales(torch.float32))
+    assert (exact.T - reference[name].weight).abs().max().item() == 0.0
+    fast_kernel = torch.ops.aten._weight_int4pack_mm_for_cpu(
+        eye.to(torch.bfloat16), packed, GROUP, layer.kernel_scales()
+    )
+    assert torch.equal(fast_kernel.T.float(), layer.dequantize().to(torch.bfloat16).float())
+
+
+@pytest.mark.parametrize("weights", [Q4, BF16])
+def test_lossless_strategies_identical_to_autoregressive_on_the_same_weights(weights):
+    generation = GenerationSettings(max_new_tokens=MAX_NEW)
+    reference = run(RunRequest(prompt=PROMPT, model=MODEL, generation=generation, weights=weights))
+    assert reference.machine["weights"].startswith(weights)
+    for strategy, draft, kw in (
+        ("prompt_lookup", None, {}),
+        ("speculative", "smollm2-135m-draft", {"num_draft_tokens": 3}),  # the trained draft, in the same format
+        ("speculative", "smollm2-135m-exit20", {"num_draft_tokens": 2}),
+        ("lookahead", None, {}),
+        ("self_speculative", None, {"exit_layer": 12}),
+        ("mtp_heads", None, {}),  # the shipped heads, in the same format
+        ("mask_spec", None, {}),  # the mask-token model: LoRA (float32) on the format's base
+    ):
+        trace = run(
+            RunRequest(
+                prompt=PROMPT,
+                model=MODEL,
+                strategy=strategy,
+                draft=draft,
+                generation=generation,
+                strategy_settings=kw,
+                weights=weights,
+            )
+        )
+        assert trace.output_token_ids == reference.output_token_ids, strategy
+        assert trace.machine["weights"] == reference.machine["weights"], strategy
