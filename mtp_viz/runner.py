@@ -151,6 +151,8 @@ class Run:
         if request.prompt is not None:
             request = replace(request, prompt=valid_unicode(request.prompt))
         self.request = request
+        if request.prompt_ids is None and (request.prompt is None or not request.prompt.strip()):
+            raise UserError("the prompt is empty")  # before any model loads or any measurement
         self.spec = get_strategy(request.strategy)
         device = resolve_device(request.device)
         self.settings = build_strategy_settings(request.strategy, request.strategy_settings, device.type)

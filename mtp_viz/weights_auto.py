@@ -211,7 +211,7 @@ def chosen_format(name: str, load: Callable[[str], Loaded]) -> str:
             path.write_text(json.dumps(record, indent=1))
         except OSError as e:
             log.warning("could not cache the weight format choice in %s: %s", path, e)
-    log.warning("weights auto for %s: %s", name, describe_record(record))
+    log.info("weights auto for %s: %s", name, describe_record(record))
     NOTES[name] = describe_record(record)
     return record["chosen"]
 
