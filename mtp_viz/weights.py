@@ -14,8 +14,8 @@ Activations stay float32 between layers; each product runs in bfloat16 (the kern
 with float32 activations and scales the int4 kernel reproduces the GGUF weights exactly but runs
 ~25x slower, and the int8 one ~4x). So a format is not bit-identical to fp32: its agreement with
 fp32 is measured (mtp_viz.weights_auto), and "lossless" means identical to autoregressive
-decoding on the same weights. The output head runs in int8 or bf16 (HEAD_FORMAT); embeddings,
-norms and LoRA adapters stay float32. Formats other than fp32 and bf16 run on a CPU (int8 also
+decoding on the same weights. The output head (HEAD_FORMAT), embeddings, norms and LoRA adapters
+stay float32. Formats other than fp32 and bf16 run on a CPU (int8 also
 anywhere, by gpt-fast's dequantizing product); q4 is CPU-only here.
 """
 
@@ -38,8 +38,11 @@ GROUP = 32  # Q4_1's block: 32 weights share a scale and a minimum
 LEVELS = 15  # 4-bit codes 0..15
 ZERO_POINT = 8  # the int4 kernel's codes are centred: (q − 8)·scale + zero
 COMPUTE = torch.bfloat16  # the dtype each product runs in
-# the output head in each format: int8 measured faster than bf16 for the 49k × 576 head (docs/BENCHMARKS.md)
-HEAD_FORMAT = {BF16: BF16, INT8: INT8, Q4: INT8}
+# The output head in each format: float32 in all. Measured for the 49k × 576 head, one row, 2-core
+# EPYC: int8 16.0 ms, bf16 8.0 ms, fp32 9.1 ms (docs/BENCHMARKS.md); and both low-bit kernels return
+# bfloat16 logits, whose coarse steps (0.06-0.12 at typical magnitudes) turn close calls into exact
+# ties that a one-token and a batched forward then break differently.
+HEAD_FORMAT = {BF16: FP32, INT8: FP32, Q4: FP32}
 
 
 @dataclass(frozen=True)
@@ -247,7 +250,7 @@ def convert(linear: nn.Linear, fmt: str, codes: Q4Codes | None = None) -> Format
 
 
 def apply_format(model: nn.Module, fmt: str, codes: Mapping[str, Q4Codes] | None = None) -> nn.Module:
-    """Swap every linear of `model` for one in `fmt`, in place (the output head in HEAD_FORMAT[fmt]);
+    """Swap every linear of `model` for one in `fmt`, in place (the output head: HEAD_FORMAT[fmt]);
     q4 takes a matrix's codes from `codes` (module name → Q4Codes) where given. A reduced drafter
     head (drafters.vocab) gets its product in the head's format. Returns the model."""
     if fmt == FP32:
@@ -259,8 +262,9 @@ def apply_format(model: nn.Module, fmt: str, codes: Mapping[str, Q4Codes] | None
             full = f"{name}.{child_name}" if name else child_name
             if isinstance(child, nn.Linear) and "lora_" not in full:  # LoRA adapters stay float32
                 wanted = HEAD_FORMAT[fmt] if child is head else fmt
-                setattr(module, child_name, convert(child, wanted, (codes or {}).get(full)))
-        if isinstance(module, ReducedHead) and module.product is None:
+                if wanted != FP32:
+                    setattr(module, child_name, convert(child, wanted, (codes or {}).get(full)))
+        if isinstance(module, ReducedHead) and module.product is None and HEAD_FORMAT[fmt] != FP32:
             module.product = FORMAT_CLASSES[HEAD_FORMAT[fmt]].of(module.weight).to(module.weight.device)
     model.mtp_viz_weights = fmt
     return model
@@ -311,7 +315,7 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 def describe(fmt: str, q4_source: str | None = None) -> str:
-    """ "q4 (GGUF Q4_1 codes, group 32; head int8; products in bf16)" for records and figures."""
+    """ "q4 (GGUF Q4_1 codes …, group 32; head fp32; products in bf16)" for records and figures."""
     if fmt == FP32:
         return FP32
     what = {BF16: "bf16 weights", INT8: "int8 per-channel", Q4: f"{q4_source or 'Q4_1 quantized here'}, group 32"}

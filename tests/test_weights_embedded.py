@@ -1,13 +1,17 @@
 """The embedded model in its shipped 4-bit codes: how exact the mapping onto torch's int4 kernel
 is, and every lossless strategy token-identical to autoregressive decoding on the q4 weights."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
+from mtp_viz.cache import CachedModel
 from mtp_viz.models import load_model
+from mtp_viz.quality import first_divergence
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
-from mtp_viz.weights import BF16, GROUP, Q4, Int8Linear, Q4Linear
+from mtp_viz.weights import BF16, GROUP, Q4, FormatLinear, Q4Linear
 
 pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m"
@@ -29,10 +33,10 @@ def q4_layers(model) -> dict[str, Q4Linear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, Q4Linear)}
 
 
-def test_every_layer_keeps_the_files_codes_and_the_head_is_int8(q4):
+def test_every_layer_keeps_the_files_codes_and_the_head_stays_fp32(q4):
     layers = q4_layers(q4.model)
     assert len(layers) == 210  # 30 layers × q, k, v, o, gate, up, down: the GGUF's Q4_1 matrices
-    assert isinstance(q4.model.lm_head, Int8Linear)
+    assert not isinstance(q4.model.lm_head, FormatLinear)
     assert "GGUF Q4_1 codes" in q4.weights_detail
 
 
@@ -66,30 +70,43 @@ def test_the_kernels_weights_against_the_converted_ones(fp32, q4):
     assert torch.equal(fast_kernel.T.float(), layer.dequantize().to(torch.bfloat16).float())
 
 
+def top_two_gap(loaded, prompt_ids: list[int], output: list[int], at: int) -> float:
+    """The target's top-1 minus top-2 logit before output token `at` (the autoregressive way)."""
+    logits = CachedModel(loaded.model).forward(prompt_ids + output[:at])[-1]
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
 @pytest.mark.parametrize("weights", [Q4, BF16])
 def test_lossless_strategies_identical_to_autoregressive_on_the_same_weights(weights):
+    """Token-identical, or parted at a near-tie: products in bfloat16 turn the attention's ~1e-7
+    difference between a one-token and a batched forward into up to ~0.3 logits (measured), so a
+    top-two gap below NEAR_TIE can fall either way (docs/BENCHMARKS.md, "Weight formats")."""
     generation = GenerationSettings(max_new_tokens=MAX_NEW)
     reference = run(RunRequest(prompt=PROMPT, model=MODEL, generation=generation, weights=weights))
     assert reference.machine["weights"].startswith(weights)
-    for strategy, draft, kw in (
-        ("prompt_lookup", None, {}),
-        ("speculative", "smollm2-135m-draft", {"num_draft_tokens": 3}),  # the trained draft, in the same format
-        ("speculative", "smollm2-135m-exit20", {"num_draft_tokens": 2}),
-        ("lookahead", None, {}),
-        ("self_speculative", None, {"exit_layer": 12}),
-        ("mtp_heads", None, {}),  # the shipped heads, in the same format
-        ("mask_spec", None, {}),  # the mask-token model: LoRA (float32) on the format's base
-    ):
-        trace = run(
-            RunRequest(
-                prompt=PROMPT,
-                model=MODEL,
-                strategy=strategy,
-                draft=draft,
-                generation=generation,
-                strategy_settings=kw,
-                weights=weights,
-            )
-        )
-        assert trace.output_token_ids == reference.output_token_ids, strategy
+    target = load_model(MODEL, weights=weights)
+    identical = 0
+    for strategy, draft, kw in STRATEGIES:
+        request = RunRequest(prompt=PROMPT, model=MODEL, strategy=strategy, draft=draft, generation=generation)
+        trace = run(replace(request, strategy_settings=kw, weights=weights))
         assert trace.machine["weights"] == reference.machine["weights"], strategy
+        at = first_divergence(reference.output_token_ids, trace.output_token_ids)
+        if at is None:
+            identical += 1
+            continue
+        gap = top_two_gap(target, reference.prompt_token_ids, reference.output_token_ids, at)
+        assert gap < NEAR_TIE, f"{strategy} parted at token {at} with a top-two gap of {gap:.3f}"
+    assert identical >= len(STRATEGIES) - 2
+
+
+STRATEGIES = (
+    ("prompt_lookup", None, {}),
+    ("speculative", "smollm2-135m-draft", {"num_draft_tokens": 3}),  # the trained draft, in the same format
+    ("speculative", "smollm2-135m-exit20", {"num_draft_tokens": 2}),
+    ("lookahead", None, {}),
+    ("self_speculative", None, {"exit_layer": 12}),
+    ("mtp_heads", None, {}),  # the shipped heads, in the same format
+    ("mask_spec", None, {}),  # the mask-token model: LoRA (float32) on the format's base
+)
+NEAR_TIE = 0.3

@@ -7,7 +7,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from mtp_viz.bench import load_suite, run_bench, save
-from mtp_viz.cli.options import add_backend, add_compile, given
+from mtp_viz.cli.options import add_backend, add_compile, add_weights, given
 from mtp_viz.errors import UserError
 from mtp_viz.llama_peers import INSTALL as LLAMA_CPP_INSTALL
 from mtp_viz.llama_peers import LLAMA_CPP_PEERS
@@ -39,6 +39,7 @@ def add(sub) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     add_compile(p)
+    add_weights(p)
     p.add_argument(
         "--peers",
         default="",
@@ -77,7 +78,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     prompts = load_suite(args.suite, categories, args.limit)
     strategies = split_variants(args.strategies)
     base = RunRequest(
-        **given(args, "model", "draft", "heads", "device", "dtype", "compile"),
+        **given(args, "model", "draft", "heads", "device", "dtype", "compile", "weights"),
         generation=GenerationSettings(max_new_tokens=args.max_new_tokens),
     )
 
