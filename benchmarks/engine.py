@@ -1,6 +1,7 @@
 """Engine benchmark: our decoding loops next to transformers' generate and llama.cpp, measured side by side.
 
     python benchmarks/engine.py [--model smollm2-135m] [--max-new-tokens 128] [--repeats 3] [--methods M,M,...]
+                                [--weights fp32|bf16|int8|q4|auto]
 
 For each prompt every method runs `repeats` times, interleaved round-robin so that machine noise
 hits all of them alike; the best tokens/s of each is reported (noise on a shared machine only ever
@@ -43,6 +44,7 @@ from mtp_viz.quality import first_divergence
 from mtp_viz.runner import RECORD_MINIMAL, RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.strategies.prompt_lookup import PromptLookupSettings
+from mtp_viz.weights import CHOICES, FP32
 
 PROMPTS = {
     "code-edit": CODE_EDIT_PROMPT,
@@ -70,7 +72,7 @@ LLAMA_CPP_OF = {"llama_cpp_ar": LLAMA_CPP_AUTOREGRESSIVE, "llama_cpp_pld": LLAMA
 ALL_METHODS = METHODS + tuple(LLAMA_CPP_OF)
 
 
-def ours(model: str, prompt: str, max_new: int, method: str) -> tuple[list[int], float]:
+def ours(model: str, prompt: str, max_new: int, method: str, weights: str = FP32) -> tuple[list[int], float]:
     strategy = "prompt_lookup" if method.startswith("ours_pld") else "autoregressive"
     record = RECORD_MINIMAL if method == "ours_ar_minimal" else "full"
     settings = NO_MATCH if method == "ours_pld_nomatch" else {}
@@ -87,6 +89,7 @@ def ours(model: str, prompt: str, max_new: int, method: str) -> tuple[list[int],
                 strategy_settings=settings,
                 compile="on" if method == "ours_ar_compiled" else "off",
                 generation=GenerationSettings(max_new_tokens=max_new),
+                weights=weights,
             )
         )
     finally:
@@ -162,6 +165,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="the first N prompts only")
     parser.add_argument("--out", type=Path, help="write the raw measurements as JSON")
+    parser.add_argument(
+        "--weights", choices=CHOICES, default=FP32, help="our engine's weight format (transformers' stays fp32)"
+    )
     parser.add_argument("--direct-only", action="store_true", help="only the direct cost measurements (fast)")
     parser.add_argument(
         "--methods",
@@ -193,7 +199,7 @@ def main() -> int:
             for r in range(args.repeats):
                 for method in methods:
                     if method.startswith("ours"):
-                        out, wall = ours(args.model, prompt, args.max_new_tokens, method)
+                        out, wall = ours(args.model, prompt, args.max_new_tokens, method, args.weights)
                     elif method in LLAMA_CPP_OF:
                         run_ = llama.run(LLAMA_CPP_OF[method], prompt_ids, args.max_new_tokens)
                         out, wall = run_.output_token_ids, run_.wall_time_s
@@ -239,7 +245,8 @@ def main() -> int:
 def print_table(rows, args, methods: list[str], peer_machine: dict | None = None) -> None:
     beside = f", beside {describe_peer(peer_machine)} on {peer_machine['gguf']}" if peer_machine else ""
     print(
-        f"\n{args.model}, greedy, max_new_tokens={args.max_new_tokens}, best of {args.repeats} interleaved runs, "
+        f"\n{args.model} (ours: {args.weights} weights), greedy, max_new_tokens={args.max_new_tokens}, "
+        f"best of {args.repeats} interleaved runs, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, on {machine_label(machine_info())} "
         f"(torch {torch.__version__}){beside}\n"
     )
