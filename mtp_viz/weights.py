@@ -12,7 +12,7 @@ weight in that format and computing `x @ Wᵀ` with the kernel for it; the forwa
   with group 32, which computes (q − 8)·scale + zero: scale = d, zero = m + 8d.
 Activations stay float32 between layers; each product runs in bfloat16 (the kernels' fast path:
 with float32 activations and scales the int4 kernel reproduces the GGUF weights exactly but runs
-~25x slower, and the int8 one ~4x). So a format is not bit-identical to fp32: its agreement with
+~25x slower, and the int8 one 1.5x). So a format is not bit-identical to fp32: its agreement with
 fp32 is measured (mtp_viz.weights_auto), and "lossless" means identical to autoregressive
 decoding on the same weights. The output head (HEAD_FORMAT), embeddings, norms and LoRA adapters
 stay float32. Formats other than fp32 and bf16 run on a CPU (int8 also
