@@ -69,13 +69,14 @@ def engine_for(model: PreTrainedModel) -> str:
 class LeanBackend:
     """The lean forward (mtp_viz.lean) over a preallocated cache: rollback is free."""
 
-    def __init__(self, model: PreTrainedModel):
+    def __init__(self, model: PreTrainedModel, exact_from: int | None = None):
         self.lean = lean_model(model)
         self.kv = self.lean.new_cache()
+        self.exact_from = exact_from
 
     def run(self, ids: list[int], positions: list[int], past: int, allowed: torch.Tensor | None) -> torch.Tensor:
         hidden = self.lean.embed(torch.tensor(ids, dtype=torch.long, device=self.lean.device))
-        return self.lean.norm(self.lean.run(hidden, positions, self.kv, past, allowed))
+        return self.lean.norm(self.lean.run(hidden, positions, self.kv, past, allowed, exact_from=self.exact_from))
 
     def keep(self, start: int, rows: list[int]) -> None:
         self.kv.move(start, rows)
@@ -115,12 +116,17 @@ class TransformersBackend:
 
 
 class CachedModel:
-    def __init__(self, model: PreTrainedModel, vocab_size: int | None = None):
+    """`prompt_length` (a strategy's target): every forward row after the prompt's first
+    prompt_length − 1 tokens computes what a one-token forward computes (kv_slots.RowKeys), so a
+    strategy verifying k tokens in one forward scores them as autoregressive decoding would."""
+
+    def __init__(self, model: PreTrainedModel, vocab_size: int | None = None, prompt_length: int | None = None):
         self.model = model
         self.device = model.device
         self.vocab_size = vocab_size or model.config.vocab_size
         self.engine = engine_for(model)
-        self.backend = LeanBackend(model) if self.engine == LEAN else TransformersBackend(model)
+        exact_from = None if prompt_length is None else max(prompt_length - 1, 0)
+        self.backend = LeanBackend(model, exact_from) if self.engine == LEAN else TransformersBackend(model)
         self.head = model.get_output_embeddings()
         self.length = 0  # tokens whose key/values are cached
         self.forwards = 0

@@ -105,6 +105,12 @@ class FastLinear(nn.Linear):
         return fast_linear(x, self.weight, self.bias, self.plan)
 
 
+def plain_linears(model: nn.Module) -> list[nn.Linear]:
+    """The model's own float32 linears (FastLinear included), not those a weight format holds
+    (mtp_viz.weights' FormatLinear subclasses nn.Linear but computes by its own kernel)."""
+    return [m for m in model.modules() if type(m) in (nn.Linear, FastLinear)]
+
+
 def use_fast_linears(model: nn.Module, plan: Plan) -> nn.Module:
     """Switch every plain `nn.Linear` in `model` to FastLinear under `plan`, in place, and give the
     plan to modules that call fast_linear themselves (a `plan` attribute); returns the model."""

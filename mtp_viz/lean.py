@@ -11,9 +11,12 @@ As in gpt-fast's model.py, a block is two steps, `h = x + attention(norm(x))` th
 `h + mlp(norm(h))`, over the model's own norms, rotary tables and head. The block's four linear
 products are projections (mtp_viz.projections) chosen before the model runs: fused q|k|v and
 gate|up, LoRA adapters stacked on them, the model's own modules where neither applies; the forward
-reads the same whatever they are. The cache (`StaticKV`) is one preallocated tensor per model:
-extend writes in place, rollback is a length, and keeping a tree's accepted path moves only those
-entries. As in gpt-fast's generate.py, a compiled forward (`LeanModel.compile`: CUDA graphs on a
+reads the same whatever they are. The cache (mtp_viz.kv_slots.StaticKV) is one preallocated
+tensor per model: extend writes in place, rollback is a length, and keeping a tree's accepted path
+moves only those entries. A strategy's target attends one row at a time after the prompt
+(`run`'s exact_from): a batched attention call's rows differ from one-token calls by ~1e-7, enough
+for bfloat16 products to tip a near-tie, so a verify would not be exactly autoregressive decoding.
+As in gpt-fast's generate.py, a compiled forward (`LeanModel.compile`: CUDA graphs on a
 GPU, inductor on a CPU) attends over the whole capacity under a mask, so its shapes stay fixed
 from step to step (the capacity grows by doubling, rarely) and one graph serves every step.
 
@@ -32,6 +35,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import PreTrainedModel
 
+from mtp_viz.kv_slots import RowKeys, StaticKV, causal, visibility
 from mtp_viz.projections import Projections, StaticGate, projections
 
 log = logging.getLogger(__name__)
@@ -77,21 +81,6 @@ def compile_unavailable(device: torch.device) -> str | None:
     return None
 
 
-def causal(n: int) -> torch.Tensor:
-    """(n, n) bool lower triangle."""
-    return torch.ones(n, n, dtype=torch.bool).tril()
-
-
-def visibility(allowed: torch.Tensor | None, rows: int, end: int, width: int, device) -> torch.Tensor | None:
-    """The attention mask (1, 1, rows, width) over the first `width` slots: `allowed` (rows, end),
-    or every slot before `end` when None; nothing from `end` on. None when that is every slot."""
-    if allowed is None and width == end:
-        return None
-    mask = torch.zeros(rows, width, dtype=torch.bool)
-    mask[:, :end] = True if allowed is None else allowed
-    return mask.to(device)[None, None]
-
-
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The model's RMSNorm: one fused op in float32; in half precision the module itself, whose
     roundings (normalise in float32, cast, then scale) transformers' greedy outputs rest on."""
@@ -106,44 +95,6 @@ def rotate(x: torch.Tensor, rope: Rope) -> torch.Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
-
-
-class StaticKV:
-    """Key/values of every layer in one preallocated tensor (layers, 2, kv_heads, capacity, head_dim).
-
-    Positions are slots: entry i holds the key/value of the token at sequence position i. What
-    holds valid entries is tracked by the caller (CachedModel's `length`); rollback only moves it.
-    """
-
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device, capacity: int):
-        self.device = device
-        self.data = self._alloc(torch.zeros(layers, 2, kv_heads, capacity, head_dim, dtype=dtype, device=device))
-
-    @staticmethod
-    def _alloc(data: torch.Tensor) -> torch.Tensor:
-        if data.device.type == "cuda":  # CUDA graphs replay against a fixed address
-            torch._dynamo.mark_static_address(data)
-        return data
-
-    @property
-    def capacity(self) -> int:
-        return self.data.shape[3]
-
-    def ensure(self, needed: int) -> None:
-        """Grow (doubling, copying the old entries) until `needed` slots fit."""
-        if needed <= self.capacity:
-            return
-        capacity = self.capacity
-        while capacity < needed:
-            capacity *= 2
-        grown = self.data.new_zeros(*self.data.shape[:3], capacity, self.data.shape[4])
-        grown[:, :, :, : self.capacity] = self.data
-        self.data = self._alloc(grown)
-
-    def move(self, start: int, rows: list[int]) -> None:
-        """Slots start..start+len(rows)−1 take the entries at start + r for r in rows (every layer)."""
-        index = torch.tensor([start + r for r in rows], dtype=torch.long, device=self.device)
-        self.data[:, :, :, start : start + len(rows)] = self.data.index_select(3, index)
 
 
 class Block(nn.Module):
@@ -165,9 +116,10 @@ class Block(nn.Module):
         return h + self.mlp(rms_norm(self.mlp_norm, h))
 
     def attention(
-        self, x: torch.Tensor, kv: torch.Tensor, rope: Rope, slots: torch.Tensor, mask: torch.Tensor | None
+        self, x: torch.Tensor, kv: torch.Tensor, rope: Rope, slots: torch.Tensor, mask: torch.Tensor | RowKeys | None
     ) -> torch.Tensor:
-        """Attention of x (S, H) over the cache's slots, under mask (1, 1, S, width) or none."""
+        """Attention of x (S, H) over the cache's slots: under mask (1, 1, S, width), none (every
+        slot), or one row at a time (RowKeys)."""
         s, q_size, kv_size = x.shape[0], self.heads * self.head_dim, self.kv_heads * self.head_dim
         q, k, v = self.proj.qkv(x).split((q_size, kv_size, kv_size), dim=-1)  # (S, q), (S, kv), (S, kv)
         q = q.reshape(s, self.heads, self.head_dim).transpose(0, 1)  # (h, S, d)
@@ -175,15 +127,19 @@ class Block(nn.Module):
         v = v.reshape(s, self.kv_heads, self.head_dim).transpose(0, 1)
         kv[0].index_copy_(1, slots, rotate(k, rope))
         kv[1].index_copy_(1, slots, v)
+        q = rotate(q, rope)
+        if isinstance(mask, RowKeys):
+            out = torch.cat([self.attend(q[:, i : i + 1], *mask.keys(kv, i), None) for i in range(s)], dim=1)
+        else:
+            out = self.attend(q, kv[0], kv[1], mask)  # (h, S, d)
+        return self.proj.o(out.transpose(0, 1).reshape(s, q_size))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Scaled dot-product attention of q (h, S, d) over k, v (kv_heads, n, d): (h, S, d)."""
         out = F.scaled_dot_product_attention(
-            rotate(q, rope)[None],
-            kv[0][None],
-            kv[1][None],
-            attn_mask=mask,
-            scale=self.scaling,
-            enable_gqa=self.heads != self.kv_heads,
-        )  # (1, h, S, d)
-        return self.proj.o(out[0].transpose(0, 1).reshape(s, q_size))
+            q[None], k[None], v[None], attn_mask=mask, scale=self.scaling, enable_gqa=self.heads != self.kv_heads
+        )
+        return out[0]
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """The gated MLP of x (S, H)."""
@@ -251,17 +207,34 @@ class LeanModel:
         start: int,
         allowed: torch.Tensor | None,
         layers: tuple[int, int] | None = None,
+        exact_from: int | None = None,
     ) -> torch.Tensor:
         """Run `layers` (first, last+1; default all) on hidden (S, H) at `positions`, writing their
         key/values into slots start..start+S−1 of `kv`; token i attends to the slots j < start+S
-        that allowed[i, j] permits (None: every slot up to its own). Returns hidden (S, H)."""
+        that allowed[i, j] permits (None: every slot up to its own). Returns hidden (S, H).
+
+        exact_from (eager only): rows at slots from there on attend one at a time (RowKeys), so each
+        computes what a one-token forward computes; rows before it (a prompt but its last token) run
+        first, batched. A strategy's target passes the prompt's length − 1: its verify rows then
+        equal autoregressive decoding's steps bit for bit where the linear products are row-invariant
+        (every format but fp32, whose BLAS products differ by ~1e-6 with the row count)."""
         s = hidden.shape[0]
         end = start + s
+        exact = exact_from is not None and not self.compiled
+        if exact and start < exact_from < end:  # the prompt's prefill first, batched
+            m = exact_from - start
+            seen = None if allowed is None else allowed[:m, : start + m]
+            done = self.run(hidden[:m], positions[:m], kv, start, seen, layers)
+            rest = None if allowed is None else allowed[m:]
+            return torch.cat([done, self.run(hidden[m:], positions[m:], kv, exact_from, rest, layers, exact_from)])
         kv.ensure(end)
         first, last = layers or (0, len(self.blocks))
         # compiled: attend over the whole capacity, so shapes stay fixed and one graph serves every step
         width = kv.capacity if self.compiled else end
-        mask = visibility(allowed, s, end, width, self.device)
+        if exact and start >= exact_from and s > 1:
+            mask = RowKeys.of(allowed, start, s, self.device)
+        else:
+            mask = visibility(allowed, s, end, width, self.device)
         slots = torch.arange(start, end, device=self.device)
         loop = self.graph if self.compiled else self.loop
         try:
@@ -271,7 +244,7 @@ class LeanModel:
                 raise
             log.warning("the compiled forward failed (%s: %s); eager from here on", type(e).__name__, str(e)[:200])
             self.compiled = False
-            return self.run(hidden, positions, kv, start, allowed, layers)
+            return self.run(hidden, positions, kv, start, allowed, layers, exact_from)
 
     def loop(
         self,
@@ -279,7 +252,7 @@ class LeanModel:
         rope: Rope,
         slots: torch.Tensor,
         kv: torch.Tensor,
-        mask: torch.Tensor | None,
+        mask: torch.Tensor | RowKeys | None,
         width: int,
         first: int,
         last: int,

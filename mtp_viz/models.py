@@ -337,22 +337,24 @@ def _wrap(name, model, tok, chat: bool, source: str, weights: str = FP32, codes=
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     if tok is not None and tok.eos_token_id is not None:
         eos_ids.add(tok.eos_token_id)
-    if weights != FP32:
-        if format_of(model) != weights:  # a derived model shares its base's, already in the format
-            apply_format(model, weights, codes)
-    elif model.device.type == "cpu" and model.dtype == torch.float32:  # elsewhere F.linear is left alone
-        use_fast_linears(model, tune(model))
+    if weights != FP32 and format_of(model) != weights:  # a derived model shares its base's, already in the format
+        apply_format(model, weights, codes)
+    if model.device.type == "cpu" and model.dtype == torch.float32:  # elsewhere F.linear is left alone
+        use_fast_linears(model, tune(model))  # the float32 linears left: every one in fp32, the head in the others
     detail = detail or describe_weights(weights)
     return LoadedModel(name, model, tok, chat and tok is not None, frozenset(eos_ids), source, weights, detail)
 
 
 def linear_path(loaded: LoadedModel) -> str:
     """How the model's linear layers compute (mtp_viz.kernels), for the records."""
+    plan = (
+        plan_of(loaded.model).describe()
+        if loaded.device.type == "cpu" and loaded.model.dtype == torch.float32
+        else None
+    )
     if loaded.weights != FP32:
-        return f"{loaded.weights} weight-only kernels"
-    if loaded.device.type == "cpu" and loaded.model.dtype == torch.float32:
-        return plan_of(loaded.model).describe()
-    return "F.linear"
+        return f"{loaded.weights} weight-only kernels; head {plan or 'F.linear'}"
+    return plan or "F.linear"
 
 
 def encode_prompt(loaded: LoadedModel, prompt: str, raw: bool = False) -> list[int]:

@@ -13,7 +13,7 @@ PROMPT = [5, 17, 3, 42, 9, 17, 3]
 
 def test_lower_then_upper_is_the_whole_model():
     model = tiny_model("llama-3l-mha", seed=0)
-    split = SplitModel(model, exit_layer=1, vocab_size=model.config.vocab_size)
+    split = SplitModel(model, exit_layer=1, vocab_size=model.config.vocab_size, prompt_length=len(PROMPT))
     logits = split.upper(split.lower(PROMPT))  # prefill through both stacks
     with torch.no_grad():
         full = model(torch.tensor([PROMPT])).logits[0]

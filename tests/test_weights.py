@@ -9,7 +9,7 @@ import torch
 from conftest import decode, perturbed, tiny_model
 from test_greedy_identity import PROMPT, _lossless_runs
 
-from mtp_viz.cache import ENGINE_ENV, ENGINES, LEAN, CachedModel
+from mtp_viz.cache import ENGINE_ENV, ENGINES, LEAN, CachedModel, tree_visibility
 from mtp_viz.errors import UserError
 from mtp_viz.lean import lean_model
 from mtp_viz.machine import describe
@@ -27,6 +27,7 @@ from mtp_viz.weights import (
     Q4Linear,
     apply_format,
     check_format,
+    convert,
     format_of,
     fuse,
     kernel_pack,
@@ -132,6 +133,55 @@ def test_lossless_strategies_identical_to_autoregressive_in_every_format(name, f
         assert output == reference, label
         verdicts = [v for s in steps for v in s.verdicts]
         assert VERDICT_ACCEPTED in verdicts and VERDICT_REJECTED in verdicts, label
+
+
+# the embedded model's product shapes (out, in): fused q|k|v, o, fused gate|up, down
+EMBEDDED_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED)
+def test_a_formats_product_is_row_invariant(fmt):
+    """Row i of an M-row product equals the one-row product of that row, bit for bit, for every M
+    a verify uses, on this machine: what lets a verify's rows equal autoregressive steps
+    (kv_slots.RowKeys does the same for attention). fp32's BLAS products are not: not asserted."""
+    torch.manual_seed(0)
+    for out, inp in EMBEDDED_SHAPES:
+        linear = convert(torch.nn.Linear(inp, out, bias=False), fmt)
+        x = torch.randn(16, inp)
+        alone = torch.cat([linear(x[i : i + 1]) for i in range(16)])
+        for m in range(2, 17):
+            assert torch.equal(linear(x[:m]), alone[:m]), f"{fmt} {out}x{inp}, {m} rows"
+
+
+@pytest.mark.parametrize("fmt", [BF16, Q4])
+def test_verify_rows_are_one_token_forwards_bit_for_bit(fmt):
+    """A chain and a tree scored in one forward after the prompt: every row's hidden state equals
+    the one-token forward's along its path, bit for bit. At this size (the embedded model's widths,
+    two layers) a batched attention call's rows differ from one-token calls (by up to 0.012 in the
+    bf16 model's hidden states on a 2-core EPYC); the target attends one row at a time after the
+    prompt's prefill (CachedModel's prompt_length)."""
+    model = apply_format(
+        tiny_model("llama-2l", hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1152),
+        fmt,
+    )
+    prompt = torch.randint(0, 96, (120,), generator=torch.Generator().manual_seed(0)).tolist()
+
+    def stepped(path: list[int]) -> torch.Tensor:  # the prompt's last token, then one token at a time
+        cached = CachedModel(model, prompt_length=len(prompt))
+        rows = [cached.forward_hidden(prompt)[1][-1]]
+        rows += [cached.forward_hidden(prompt + path[: i + 1])[1][-1] for i in range(len(path))]
+        return torch.stack(rows)
+
+    chain = [7, 8, 9, 10, 11]
+    cached = CachedModel(model, prompt_length=len(prompt))
+    n = len(chain)
+    _, hidden = cached.forward_hidden(prompt, chain, list(range(1, n + 1)), torch.ones(n, n, dtype=torch.bool).tril())
+    assert torch.equal(hidden, stepped(chain))
+    tokens, parents = [7, 8, 9, 10], [-1, -1, 0, 2]  # a tree: rows see the prompt and their ancestors
+    cached = CachedModel(model, prompt_length=len(prompt))
+    _, hidden = cached.forward_hidden(prompt, tokens, [1, 1, 2, 3], tree_visibility(parents))
+    for row, path in enumerate([[7], [8], [7, 9], [7, 9, 10]], start=1):
+        assert torch.equal(hidden[row], stepped(path)[-1]), path
 
 
 def test_q4_is_cpu_only_and_unknown_formats_are_refused():

@@ -3,7 +3,6 @@
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from mtp_viz.cache import CachedModel
 from mtp_viz.strategies.base import DecodeContext, Outcome, StepRecorder, StrategySpec
 from mtp_viz.trace import AUTOREGRESSIVE, EmittedToken, Step
 
@@ -17,7 +16,7 @@ class AutoregressiveSettings:
 
 
 def run(ctx: DecodeContext, settings: AutoregressiveSettings) -> Iterator[Step]:
-    target = CachedModel(ctx.target, ctx.vocab_size)
+    target = ctx.target_cache()
     steps = StepRecorder(ctx)
     while steps.begin():
         seq = ctx.seq

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from mtp_viz.cache import CachedModel
 from mtp_viz.clock import Clock
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.sampling import (
@@ -100,6 +101,11 @@ class DecodeContext:
     @property
     def seq(self) -> list[int]:
         return self.prompt_ids + self.output
+
+    def target_cache(self) -> CachedModel:
+        """The target with a KV cache, its rows after the prompt computed as one-token forwards
+        compute them (CachedModel's prompt_length): what makes a verify exactly autoregressive."""
+        return CachedModel(self.target, self.vocab_size, len(self.prompt_ids))
 
     def clip(self, tokens: list[int]) -> list[int]:
         """Cut a block of new tokens exactly where autoregressive decoding would stop: after the

@@ -97,7 +97,7 @@ def run(ctx: DecodeContext, settings: ConfAdaptSettings) -> Iterator[Step]:
         raise UserError("predictor mask_tokens needs a model with a mask token (models.yaml mask_token_id)")
     if not heads and settings.mask_layout == OFFSET and hasattr(ctx.target, "mtp_mask_spec"):
         raise UserError("this mask-token adapter has one mask id: use mask_layout=repeat")
-    target = CachedModel(ctx.target, ctx.vocab_size)
+    target = ctx.target_cache()
     steps = StepRecorder(ctx)
     while steps.begin():
         k = min(settings.k, ctx.remaining)

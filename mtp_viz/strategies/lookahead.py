@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp_viz.cache import CachedModel, node_depths, tree_visibility
+from mtp_viz.cache import node_depths, tree_visibility
 from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, record_tree, verify_tree
 from mtp_viz.strategies.settings import check_settings, setting
 from mtp_viz.trace import DraftToken, Step
@@ -108,7 +108,7 @@ def harvest(pool: NGramPool, cur: int, window: list[list[int]], new: list[int]) 
 
 
 def run(ctx: DecodeContext, settings: LookaheadSettings) -> Iterator[Step]:
-    target = CachedModel(ctx.target, ctx.vocab_size)
+    target = ctx.target_cache()
     n_levels, width = settings.level - 1, settings.window
     rng = random.Random(SEED)
     window = [[rng.choice(ctx.prompt_ids) for _ in range(width - (lv == 0))] for lv in range(n_levels)]

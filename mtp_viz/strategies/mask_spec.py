@@ -28,7 +28,6 @@ adapters trained here) leaves them untouched, so no second model is needed.
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from mtp_viz.cache import CachedModel
 from mtp_viz.drafters.mask import MASK_ONLY
 from mtp_viz.errors import UserError
 from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, chain_drafts, draft_tokens, verify_chain
@@ -63,7 +62,7 @@ def check_model(ctx: DecodeContext) -> None:
 
 def run(ctx: DecodeContext, settings: MaskSpecSettings) -> Iterator[Step]:
     check_model(ctx)
-    target = CachedModel(ctx.target, ctx.vocab_size)
+    target = ctx.target_cache()
     guesses: list[int] = []  # drafted by the last step's masks, verified by this step
     q_draft, q = None, []
     steps = StepRecorder(ctx)

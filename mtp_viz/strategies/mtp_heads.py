@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp_viz.cache import CachedModel, node_depths, tree_visibility
+from mtp_viz.cache import node_depths, tree_visibility
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.sampling import probs_from_logits, verify_tree_typical
 from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, record_tree, verify_tree
@@ -116,7 +116,7 @@ def verify(ctx: DecodeContext, logits: torch.Tensor, tokens, parents, settings: 
 
 
 def run(ctx: DecodeContext, settings: MTPHeadsSettings) -> Iterator[Step]:
-    target = CachedModel(ctx.target, ctx.vocab_size)
+    target = ctx.target_cache()
     paths = settings.paths
     hidden = None  # the target's final hidden state that produced the last output token
     steps = StepRecorder(ctx)

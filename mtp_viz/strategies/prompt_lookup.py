@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mtp_viz.cache import CachedModel
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, chain_drafts, verify_chain
 from mtp_viz.strategies.settings import check_settings, setting
@@ -69,7 +68,7 @@ def find_draft(seq: np.ndarray, max_ngram_size: int, min_ngram_size: int, k: int
 
 
 def run(ctx: DecodeContext, settings: PromptLookupSettings) -> Iterator[Step]:
-    target = CachedModel(ctx.target, ctx.vocab_size)
+    target = ctx.target_cache()
     steps = StepRecorder(ctx)
     while steps.begin():
         seq = ctx.seq

@@ -42,7 +42,7 @@ class SelfSpeculativeSettings:
 class SplitModel:
     """One model run as two stacks of layers over one KV cache: lower (0..L−1), upper (L..N−1)."""
 
-    def __init__(self, model, exit_layer: int, vocab_size: int):
+    def __init__(self, model, exit_layer: int, vocab_size: int, prompt_length: int):
         self.lean = lean_model(model)
         if self.lean is None:
             raise UserError(f"self-speculative decoding needs a Llama-family model: {supports(model)}")
@@ -53,11 +53,12 @@ class SplitModel:
         self.vocab_size = vocab_size
         self.kv = self.lean.new_cache()
         self.lower_len = self.upper_len = 0  # cached positions in the lower and upper layers
+        self.exact_from = prompt_length - 1  # rows after the prompt's prefill: as one-token forwards (kv_slots.RowKeys)
 
     def _run(self, hidden: torch.Tensor, layers: tuple[int, int], past: int) -> torch.Tensor:
         n = hidden.shape[0]
         allowed = causal_after(past, n) if n > 1 else None
-        return self.lean.run(hidden, list(range(past, past + n)), self.kv, past, allowed, layers)
+        return self.lean.run(hidden, list(range(past, past + n)), self.kv, past, allowed, layers, self.exact_from)
 
     @torch.inference_mode()
     def lower(self, tokens: list[int]) -> torch.Tensor:
@@ -103,7 +104,7 @@ def propose(ctx: DecodeContext, model: SplitModel, root: int, k: int):
 
 
 def run(ctx: DecodeContext, settings: SelfSpeculativeSettings) -> Iterator[Step]:
-    model = SplitModel(ctx.target, settings.exit_layer, ctx.vocab_size)
+    model = SplitModel(ctx.target, settings.exit_layer, ctx.vocab_size, len(ctx.prompt_ids))
     steps = StepRecorder(ctx)
     while steps.begin():
         seq = ctx.seq

@@ -77,7 +77,7 @@ def propose(
 
 
 def run(ctx: DecodeContext, settings: SpeculativeSettings) -> Iterator[Step]:
-    target = CachedModel(ctx.target, ctx.vocab_size)
+    target = ctx.target_cache()
     draft = CachedModel(ctx.draft, ctx.vocab_size)
     length = settings.num_draft_tokens
     stop_below = settings.confidence_threshold if settings.schedule == CONFIDENCE else 0.0
