@@ -116,9 +116,11 @@ class TransformersBackend:
 
 
 class CachedModel:
-    """`prompt_length` (a strategy's target): every forward row after the prompt's first
-    prompt_length − 1 tokens computes what a one-token forward computes (kv_slots.RowKeys), so a
-    strategy verifying k tokens in one forward scores them as autoregressive decoding would."""
+    """`prompt_length` (a strategy's target, on the lean engine): every forward row after the
+    prompt's first prompt_length − 1 tokens computes what a one-token forward computes
+    (kv_slots.RowKeys), so a strategy verifying k tokens in one forward scores them as
+    autoregressive decoding would (bit for bit where the weight format's products are
+    row-invariant: docs/BENCHMARKS.md, "Lossless on the same weights")."""
 
     def __init__(self, model: PreTrainedModel, vocab_size: int | None = None, prompt_length: int | None = None):
         self.model = model

@@ -127,6 +127,10 @@ class FormatLinear(nn.Linear):
     def dequantize(self) -> torch.Tensor:
         raise NotImplementedError
 
+    def streamed_bytes(self) -> int:
+        """Bytes one product reads of this layer's weights (the kernel's form: q4's packed codes)."""
+        return sum(getattr(self, name).numel() * getattr(self, name).element_size() for name in self.ROWS)
+
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """x (M, in) in COMPUTE → (M, out)."""
         raise NotImplementedError
@@ -212,6 +216,10 @@ class Q4Linear(FormatLinear):
         sz = self.kernel_scales().float().transpose(0, 1)  # (N, K/GROUP, 2)
         q = self.codes.float().view(n, k // GROUP, GROUP) - ZERO_POINT
         return (q * sz[..., :1] + sz[..., 1:]).view(n, k)
+
+    def streamed_bytes(self) -> int:
+        """Two codes a byte, and a bfloat16 scale and zero per group of 32 (what the kernel reads)."""
+        return self.out_features * self.in_features // 2 + self.out_features * self.in_features // GROUP * 2 * 2
 
     def kernel(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The kernel's packed codes and scales, made on first use (and again if the codes are replaced)."""
