@@ -50,7 +50,7 @@ def read_bandwidth(gib: float = 1.0, rounds: int = 5) -> tuple[float, dict[str, 
     """This machine's read bandwidth (bytes/s), the best of two ways of streaming `gib` GiB of
     float32 once: a sum, and the weight-on-the-left product of two rows (what the fp32 head runs).
     Returns the best and each way's best."""
-    n = int(gib * 2**30 / 4)
+    n = int(gib * 2**30 / 4) // 576 * 576
     flat = torch.randn(n)
     matrix = flat.view(-1, 576)
     rows = torch.randn(2, 576)
@@ -76,12 +76,14 @@ def main() -> int:
     parser.add_argument("--ar-prompts", type=int, default=3, help="prompts of the tokens/s comparison")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per autoregressive run")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--bandwidth-gib", type=float, default=1.0, help="GiB read to measure the bandwidth")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     quiet_transformers()
     formats = [f for f in args.formats.split(",") if f]
     if FP32 not in formats:
         formats.insert(0, FP32)
+    bandwidth, ways = read_bandwidth(args.bandwidth_gib)  # first: a failure here costs nothing else
     loaded = {f: load_model(args.model, "cpu", "float32", f) for f in formats}
     load = [round(x, 2) for x in os.getloadavg()]
     prompts = held_out_prompts(args.prompts)
@@ -110,7 +112,6 @@ def main() -> int:
     print(f"model {args.model}; {len(prompts)} held-out prompts × {args.new_tokens} fp32 tokens (quality)")
     print(f"load average at the start {load} on {os.cpu_count()} cores; after {[round(x, 2) for x in os.getloadavg()]}")
     print(f"machine: {machines.get(FP32, '?')}")
-    bandwidth, ways = read_bandwidth()
     each = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in ways.items())
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s (best of: {each})")
     header = "| format | agreement with fp32 | NLL of fp32's tokens | weight MB / forward | 1-token forward ms |"

@@ -103,9 +103,10 @@ def quality(reference: Loaded, others: dict[str, Loaded], prompts: list[str], ne
 def forward_times(
     models: dict[str, torch.nn.Module], prompt_ids: list[int], rows: int = 1, rounds: int = ROUNDS
 ) -> dict[str, list[float]]:
-    """Seconds per forward of `rows` new tokens after the prompt, per format, in interleaved rounds
+    """Seconds per forward of `rows` new tokens after the prompt, per format, as a strategy's
+    verify runs them (rows attending one at a time, logits for every row), in interleaved rounds
     (which format goes first rotates round by round); round 0 warms up and is dropped."""
-    cached = {fmt: CachedModel(m) for fmt, m in models.items()}
+    cached = {fmt: CachedModel(m, prompt_length=len(prompt_ids)) for fmt, m in models.items()}
     for c in cached.values():
         c.forward(prompt_ids)
     extra = prompt_ids[:rows]
@@ -116,7 +117,7 @@ def forward_times(
             c = cached[fmt]
             start = time.perf_counter()
             for _ in range(FORWARDS):
-                c.forward(prompt_ids + extra)
+                c.forward(prompt_ids + extra, logits_to_keep=rows)
                 c.rollback(len(prompt_ids))
             if round_:
                 times[fmt].append((time.perf_counter() - start) / FORWARDS)

@@ -121,7 +121,10 @@ def test_streaming(launched_app, monkeypatch, capsys):
 def test_weights(smoke_env, monkeypatch, capsys, tmp_path):
     out = tmp_path / "weights.json"
     args = ["--model", MODEL, "--prompts", "2", "--new-tokens", "4", "--ar-prompts", "1", "--max-new-tokens", "3"]
-    assert run_script(script("weights"), monkeypatch, *args, "--rounds", "1", "--out", str(out)) == 0
+    assert (
+        run_script(script("weights"), monkeypatch, *args, "--rounds", "1", "--bandwidth-gib", "0.01", "--out", str(out))
+        == 0
+    )
     printed = capsys.readouterr().out
-    assert "| q4 |" in printed and "| fp32 | 100.00% |" in printed
+    assert "| q4 |" in printed and "| fp32 | 100.00% |" in printed and "read bandwidth" in printed
     assert set(json.loads(out.read_text())["formats"]) == {"fp32", "bf16", "int8", "q4"}
