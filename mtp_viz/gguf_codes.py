@@ -11,6 +11,7 @@ load only maps the file in.
 """
 
 import logging
+import os
 from pathlib import Path
 
 import gguf
@@ -84,9 +85,9 @@ def cached_q4_codes(gguf_path: Path, model: nn.Module, cache_dir: Path) -> dict[
     flat = {f"{n}.{part}": getattr(c, part).contiguous() for n, c in codes.items() for part in ("codes", "d", "m")}
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # this process's own: another may write too
         save_file(flat, tmp)
-        tmp.rename(path)
+        os.replace(tmp, path)
     except OSError as e:
         log.warning("could not cache the codes in %s: %s", path, e)
     return codes

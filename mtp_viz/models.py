@@ -6,6 +6,7 @@ two. The hub is only tried when it answers within a short timeout, and every oth
 `local_files_only`, so nothing hangs offline.
 """
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -253,16 +254,24 @@ def _save_converted(model, tok, gguf: Path, folder: Path) -> None:
 
 def save_atomically(out: Path, write) -> Path:
     """Write a model directory through `write(tmp)` into a temporary sibling, then move it to
-    `out` in one step: a reader never sees half a directory, an interrupted write leaves none."""
+    `out` in one step: a reader never sees half a directory, an interrupted write leaves none. An
+    older `out` is first moved aside, not deleted in place, so that another process reading it
+    (two test workers converting the same model at once) never finds it half gone."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    aside = tmp.with_name(tmp.name + "-old")
     try:
         write(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        with contextlib.suppress(FileNotFoundError):
+            out.rename(aside)
+        try:
+            tmp.rename(out)
+        except OSError:  # another process put its complete copy there in between: keep that one
+            if not out.is_dir():
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(aside, ignore_errors=True)
     return out
 
 

@@ -47,11 +47,12 @@ class Profile:
 
 
 class _Timer:
-    """Times forwards of k new tokens after a fixed cached context, rolling the cache back each time."""
+    """Times forwards of k new tokens after a fixed cached context, rolling the cache back each
+    time; the k rows run as a strategy's verify runs them (one at a time after the context)."""
 
     def __init__(self, model, context: int):
         self.clock = Clock(model.device)
-        self.cached = CachedModel(model)
+        self.cached = CachedModel(model, prompt_length=context)
         self.vocab = model.config.vocab_size
         self.prefix = [i % self.vocab for i in range(context)]
         self.cached.forward(self.prefix)
@@ -107,7 +108,12 @@ def profile(
         median[1],
         {k: t / median[1] for k, t in median.items()},
         c,
-        machine={**machine_info(target.device), "forward": engine_for(target.model), "linear": linear_path(target)},
+        machine={
+            **machine_info(target.device),
+            "forward": engine_for(target.model),
+            "linear": linear_path(target),
+            "weights": target.weights_detail,
+        },
         batch_cost=batch_cost,
         batch_one_token_s=batch_one,
     )

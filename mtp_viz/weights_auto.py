@@ -15,6 +15,7 @@ again. The record says when, under what load, with what agreement and speed.
 import hashlib
 import json
 import logging
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -212,7 +213,9 @@ def chosen_format(name: str, load: Callable[[str], Loaded]) -> str:
         record = measure(load)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(record, indent=1))
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # whole or absent for a reader
+            tmp.write_text(json.dumps(record, indent=1))
+            os.replace(tmp, path)
         except OSError as e:
             log.warning("could not cache the weight format choice in %s: %s", path, e)
     log.info("weights auto for %s: %s", name, describe_record(record))

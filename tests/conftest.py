@@ -2,6 +2,7 @@
 
 import copy
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -246,8 +247,6 @@ def use_tiny_registry(tiny_registry, monkeypatch):
 @pytest.fixture(scope="module")
 def served_app(tiny_registry):
     """The whole Gradio app on a free local port, with the tiny models as its registry."""
-    import os
-
     os.environ["MTP_VIZ_MODELS"] = str(tiny_registry)
     from mtp_viz.ui.app import build_app
 
@@ -258,6 +257,13 @@ def served_app(tiny_registry):
     finally:
         app.close()
         del os.environ["MTP_VIZ_MODELS"]
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (the suite runs a worker per core) each worker runs torch on one thread:
+    two workers of two threads each on two cores would only queue behind each other."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):

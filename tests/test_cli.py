@@ -209,16 +209,18 @@ def test_profile_writes_a_verify_cost_curve(use_tiny_registry, tmp_path, capsys)
     out = tmp_path / "profile.json"
     assert (
         main(
-            ["profile", "--model", "tiny", "--draft", "tiny-draft", "--max-k", "4", "--repeats", "2", "--out", str(out)]
+            ["profile", "--model", "tiny", "--draft", "tiny-draft", "--max-k", "4", "--repeats", "2"]
+            + ["--weights", "int8", "--out", str(out)]
         )
         == 0
     )
     result = json.loads(out.read_text())
+    assert result["machine"]["weights"].startswith("int8") and "int8 weight-only" in result["machine"]["linear"]
     assert list(result["verify_cost"]) == ["1", "2", "3", "4"] and result["verify_cost"]["1"] == 1.0
     assert all(v > 0 for v in result["verify_cost"].values()) and result["c"] > 0
     assert list(result["exit_agreement"]) == ["1", "2"] and result["exit_agreement"]["2"] == 1.0
     printed = capsys.readouterr().out
-    assert "verify cost" in printed and "early exit after layer L" in printed
+    assert "verify cost" in printed and "early exit after layer L" in printed and "weights int8" in printed
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from mtp_viz.cli.options import add_weights
 from mtp_viz.errors import UserError
 from mtp_viz.models import load_model, resolve_device
 from mtp_viz.profile import BATCH_SIZES, exit_agreement, profile
@@ -34,6 +35,7 @@ def add(sub) -> None:
         default=",".join(map(str, BATCH_SIZES)),
         help="concurrent sequences B for the B × k timings behind the Deploy view's load curve (empty: skip)",
     )
+    add_weights(p)
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=cmd_profile)
 
@@ -42,8 +44,8 @@ def cmd_profile(args: argparse.Namespace) -> None:
     if not 1 <= args.max_k <= 256 or not 1 <= args.repeats <= 100:
         raise UserError("--max-k must be 1..256 and --repeats 1..100")
     name = args.model or load_registry().default_for(resolve_device(args.device).type)
-    target = load_model(name, args.device, args.dtype)
-    draft = load_model(args.draft, args.device, args.dtype) if args.draft else None
+    target = load_model(name, args.device, args.dtype, args.weights)
+    draft = load_model(args.draft, args.device, args.dtype, target.weights) if args.draft else None
     if not 0 <= args.exit_prompts <= 50:
         raise UserError("--exit-prompts must be 0..50")
     try:
@@ -58,7 +60,10 @@ def cmd_profile(args: argparse.Namespace) -> None:
         result = replace(result, exit_agreement=exit_agreement(target.model, answers))
     args.out.write_text(json.dumps(result.as_dict(), indent=1))
     curve = ", ".join(f"{k}: {v:.2f}" for k, v in result.verify_cost.items() if k in (1, 2, 4, 8, 16, 32))
-    print(f"{result.model} on {result.device} ({result.dtype}): one-token forward {result.one_token_s * 1e3:.1f} ms")
+    print(
+        f"{result.model} on {result.device} ({result.dtype}, weights {target.weights}): "
+        f"one-token forward {result.one_token_s * 1e3:.1f} ms"
+    )
     print(f"verify cost relative to one token (k: x): {curve}")
     if result.c is not None:
         print(f"draft {result.draft_model}: c = {result.c:.3f}")
