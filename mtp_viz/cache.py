@@ -74,9 +74,12 @@ class LeanBackend:
         self.kv = self.lean.new_cache()
         self.exact_from = exact_from
 
-    def run(self, ids: list[int], positions: list[int], past: int, allowed: torch.Tensor | None) -> torch.Tensor:
+    def run(
+        self, ids: list[int], positions: list[int], past: int, allowed: torch.Tensor | None, loose: tuple[int, ...] = ()
+    ) -> torch.Tensor:
         hidden = self.lean.embed(torch.tensor(ids, dtype=torch.long, device=self.lean.device))
-        return self.lean.norm(self.lean.run(hidden, positions, self.kv, past, allowed, exact_from=self.exact_from))
+        kv, exact = self.kv, self.exact_from
+        return self.lean.norm(self.lean.run(hidden, positions, kv, past, allowed, exact_from=exact, loose=loose))
 
     def keep(self, start: int, rows: list[int]) -> None:
         self.kv.move(start, rows)
@@ -92,7 +95,9 @@ class TransformersBackend:
         self.model = model
         self.cache = DynamicCache(config=model.config)
 
-    def run(self, ids: list[int], positions: list[int], past: int, allowed: torch.Tensor | None) -> torch.Tensor:
+    def run(
+        self, ids: list[int], positions: list[int], past: int, allowed: torch.Tensor | None, loose: tuple[int, ...] = ()
+    ) -> torch.Tensor:
         device = self.model.device
         out = self.model.get_decoder()(
             input_ids=torch.tensor([ids], dtype=torch.long, device=device),
@@ -155,12 +160,16 @@ class CachedModel:
         extra: list[int] = (),
         offsets: list[int] = (),
         visibility: torch.Tensor | None = None,
+        loose: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed `seq[self.length:]` causally, then `extra` tokens placed at seq's last position +
         `offsets`, each seeing the whole sequence and the extra tokens `visibility` (n, n) allows
         (a token tree: offsets = depths, visibility = `tree_visibility`). Returns logits (1 + n, V)
         and final hidden states (1 + n, H): a row for seq's last token, then one per extra token.
         With no extra tokens this is a plain forward that also returns the hidden state.
+
+        `loose`: extra tokens (indices into `extra`) whose rows decide nothing (lookahead's Jacobi
+        guesses): they attend in one batched call, not one at a time (see `prompt_length`).
 
         The cache then also holds the extra tokens: call `keep` (or `rollback`) before the next forward.
         """
@@ -176,7 +185,8 @@ class CachedModel:
             allowed[c:, past + c :] = visibility
         elif c > 1:
             allowed = causal_after(past, c)
-        hidden = self.backend.run(chain + list(extra), positions, past, allowed)[c - 1 :]  # (1+n, H)
+        rows = tuple(c + i for i in loose)
+        hidden = self.backend.run(chain + list(extra), positions, past, allowed, rows)[c - 1 :]  # (1+n, H)
         self.length = past + c + n
         self.forwards += 1
         return self._logits(hidden), hidden

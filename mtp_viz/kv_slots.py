@@ -32,25 +32,38 @@ class RowKeys:
     slots) or as slot indices (a tree node: the prefix and its ancestors). Each row then runs the
     very call a one-token forward at its position makes, over the same keys in the same order, so
     its result does not depend on how many rows the forward holds: a batched SDPA's does, by ~1e-7,
-    which bfloat16 products turn into logit differences up to ~0.3 (measured)."""
+    which bfloat16 products turn into logit differences up to ~0.3 (measured).
 
-    rows: tuple[int | torch.Tensor, ...]
+    Rows whose result decides nothing (lookahead's Jacobi guesses) may attend in one batched call
+    instead: `batched` holds their row indices and mask, and their entry in `rows` is None."""
+
+    rows: tuple[int | torch.Tensor | None, ...]
+    batched: tuple[torch.Tensor, torch.Tensor] | None = None  # row indices, mask (1, 1, n, start+s)
 
     @staticmethod
-    def of(allowed: torch.Tensor | None, start: int, s: int, device) -> "RowKeys":
-        """From the (s, start+s) visibility (None: causal) of rows at slots start..start+s−1."""
+    def of(allowed: torch.Tensor | None, start: int, s: int, device, loose: tuple[int, ...] = ()) -> "RowKeys":
+        """From the (s, start+s) visibility (None: causal) of rows at slots start..start+s−1; the
+        rows `loose` names attend batched."""
         if allowed is None:
-            return RowKeys(tuple(range(start + 1, start + s + 1)))
-        rows = []
-        for seen in allowed:
+            allowed = torch.ones(s, start + s, dtype=torch.bool).tril(start)
+        rows: list[int | torch.Tensor | None] = []
+        for i, seen in enumerate(allowed):
+            if i in loose:
+                rows.append(None)
+                continue
             slots = seen.nonzero()[:, 0]
             n = len(slots)
             rows.append(n if int(slots[-1]) == n - 1 else slots.to(device))
-        return RowKeys(tuple(rows))
+        batched = None
+        if loose:
+            index = torch.tensor(sorted(loose), dtype=torch.long)
+            batched = (index.to(device), allowed[index].to(device)[None, None])
+        return RowKeys(tuple(rows), batched)
 
     def keys(self, kv: torch.Tensor, row: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values (kv_heads, n, d) row `row` sees in kv (2, kv_heads, width, d)."""
         seen = self.rows[row]
+        assert seen is not None, "a batched row has no keys of its own"
         if isinstance(seen, int):
             return kv[0, :, :seen], kv[1, :, :seen]
         return kv[0].index_select(1, seen), kv[1].index_select(1, seen)

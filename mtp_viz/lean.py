@@ -129,7 +129,13 @@ class Block(nn.Module):
         kv[1].index_copy_(1, slots, v)
         q = rotate(q, rope)
         if isinstance(mask, RowKeys):
-            out = torch.cat([self.attend(q[:, i : i + 1], *mask.keys(kv, i), None) for i in range(s)], dim=1)
+            out = q.new_empty(q.shape)  # (h, S, d)
+            if mask.batched is not None:
+                index, seen = mask.batched
+                out[:, index] = self.attend(q[:, index], kv[0], kv[1], seen)
+            for i, keys in enumerate(mask.rows):
+                if keys is not None:
+                    out[:, i : i + 1] = self.attend(q[:, i : i + 1], *mask.keys(kv, i), None)
         else:
             out = self.attend(q, kv[0], kv[1], mask)  # (h, S, d)
         return self.proj.o(out.transpose(0, 1).reshape(s, q_size))
@@ -208,6 +214,7 @@ class LeanModel:
         allowed: torch.Tensor | None,
         layers: tuple[int, int] | None = None,
         exact_from: int | None = None,
+        loose: tuple[int, ...] = (),
     ) -> torch.Tensor:
         """Run `layers` (first, last+1; default all) on hidden (S, H) at `positions`, writing their
         key/values into slots start..start+S−1 of `kv`; token i attends to the slots j < start+S
@@ -217,7 +224,8 @@ class LeanModel:
         computes what a one-token forward computes; rows before it (a prompt but its last token) run
         first, batched. A strategy's target passes the prompt's length − 1: its verify rows then
         equal autoregressive decoding's steps bit for bit where the linear products are row-invariant
-        (every format but fp32, whose BLAS products differ by ~1e-6 with the row count)."""
+        (every format but fp32, whose BLAS products differ by ~1e-6 with the row count). `loose`:
+        rows (indices into hidden) whose result decides nothing, attending batched all the same."""
         s = hidden.shape[0]
         end = start + s
         exact = exact_from is not None and not self.compiled
@@ -226,13 +234,16 @@ class LeanModel:
             seen = None if allowed is None else allowed[:m, : start + m]
             done = self.run(hidden[:m], positions[:m], kv, start, seen, layers)
             rest = None if allowed is None else allowed[m:]
-            return torch.cat([done, self.run(hidden[m:], positions[m:], kv, exact_from, rest, layers, exact_from)])
+            later = tuple(i - m for i in loose if i >= m)
+            return torch.cat(
+                [done, self.run(hidden[m:], positions[m:], kv, exact_from, rest, layers, exact_from, later)]
+            )
         kv.ensure(end)
         first, last = layers or (0, len(self.blocks))
         # compiled: attend over the whole capacity, so shapes stay fixed and one graph serves every step
         width = kv.capacity if self.compiled else end
         if exact and start >= exact_from and s > 1:
-            mask = RowKeys.of(allowed, start, s, self.device)
+            mask = RowKeys.of(allowed, start, s, self.device, loose)
         else:
             mask = visibility(allowed, s, end, width, self.device)
         slots = torch.arange(start, end, device=self.device)
@@ -244,7 +255,7 @@ class LeanModel:
                 raise
             log.warning("the compiled forward failed (%s: %s); eager from here on", type(e).__name__, str(e)[:200])
             self.compiled = False
-            return self.run(hidden, positions, kv, start, allowed, layers, exact_from)
+            return self.run(hidden, positions, kv, start, allowed, layers, exact_from, loose)
 
     def loop(
         self,

@@ -182,6 +182,14 @@ def test_verify_rows_are_one_token_forwards_bit_for_bit(fmt):
     _, hidden = cached.forward_hidden(prompt, tokens, [1, 1, 2, 3], tree_visibility(parents))
     for row, path in enumerate([[7], [8], [7, 9], [7, 9, 10]], start=1):
         assert torch.equal(hidden[row], stepped(path)[-1]), path
+    # as lookahead calls it: two guesses first that attend batched (`loose`), the tree after them
+    guesses = [3, 4]
+    seen = torch.block_diag(torch.ones(2, 2, dtype=torch.bool).tril(), tree_visibility(parents))
+    cached = CachedModel(model, prompt_length=len(prompt))
+    _, hidden = cached.forward_hidden(prompt, guesses + tokens, [1, 2, 1, 1, 2, 3], seen, loose=(0, 1))
+    for row, path in enumerate([[7], [8], [7, 9], [7, 9, 10]], start=3):
+        assert torch.equal(hidden[row], stepped(path)[-1]), path
+    torch.testing.assert_close(hidden[2], stepped(guesses)[-1], rtol=0.05, atol=0.05)  # close, not exact
 
 
 def test_q4_is_cpu_only_and_unknown_formats_are_refused():
