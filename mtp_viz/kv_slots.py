@@ -45,6 +45,8 @@ class RowKeys:
         """From the (s, start+s) visibility (None: causal) of rows at slots start..start+s−1; the
         rows `loose` names attend batched."""
         if allowed is None:
+            if not loose:  # causal: row i sees the first start + i + 1 slots
+                return RowKeys(tuple(range(start + 1, start + s + 1)))
             allowed = torch.ones(s, start + s, dtype=torch.bool).tril(start)
         rows: list[int | torch.Tensor | None] = []
         for i, seen in enumerate(allowed):
