@@ -207,6 +207,14 @@ class ProfileView:
     c: float | None  # draft / target cost, where a draft was measured
 
 
+def profile_label(machine: dict | None) -> str:
+    """ "AMD EPYC, 2 threads" (", q4" where measured in a weight format): how a curve names its machine."""
+    if not isinstance(machine, dict) or not machine:
+        return "machine not recorded"
+    weights = str(machine.get("weights") or "").split(" ")[0]
+    return machine_label(machine) + (f", {weights}" if weights else "")
+
+
 def read_profile(path: str | Path | None) -> ProfileView | None:
     """A profile (`python -m mtp_viz profile`, or the app's measurement of this machine); None: no file."""
     if not path:
@@ -219,7 +227,7 @@ def read_profile(path: str | Path | None) -> ProfileView | None:
         view = ProfileView(
             curve={int(k): float(v) for k, v in (data.get("verify_cost") or {}).items()},
             exits={int(k): float(v) for k, v in (data.get("exit_agreement") or {}).items()} or None,
-            label=machine_label(data["machine"]) if data.get("machine") else "machine not recorded",
+            label=profile_label(data.get("machine")),
             batch_cost={int(b): {int(k): float(v) for k, v in row.items()} for b, row in cost.items()} or None,
             c=data.get("c"),
         )

@@ -16,7 +16,15 @@ from mtp_viz.profile import exit_agreement, read_profile
 from mtp_viz.theory import measured_point
 from mtp_viz.trace import Trace
 from mtp_viz.ui.bench_tab import views
-from mtp_viz.ui.results import example_results, example_traces, read_summary, shipped_profiles
+from mtp_viz.ui.results import (
+    FIRST_PROFILE,
+    FIRST_RESULTS,
+    example_results,
+    example_traces,
+    first,
+    read_summary,
+    shipped_profiles,
+)
 from mtp_viz.ui.theory_tab import numbers_html, points_from
 from mtp_viz.viz import figures
 
@@ -35,7 +43,7 @@ def test_measured_point_from_a_run_and_its_baseline():
 def test_theory_numbers_and_curves():
     for path in shipped_profiles().values():  # every shipped curve names the machine it was measured on
         recorded = json.loads(Path(path).read_text())["machine"]
-        assert read_profile(path).label == machine_label(recorded) and recorded.get("cpu")
+        assert read_profile(path).label.startswith(machine_label(recorded)) and recorded.get("cpu")
     shipped = read_profile(next(iter(shipped_profiles().values())))
     curve = shipped.curve
     assert curve[1] == 1.0 and len(curve) >= 16
@@ -181,6 +189,17 @@ def test_shipped_bench_results_and_profile_load_in_the_tabs():
     assert 1 <= len(speed.data) <= figures.MAX_SERIES and len(table) == summary["strategy"].nunique()
     exits = read_profile(shipped_profiles()["profile-smollm2-135m-cpu"]).exits
     assert len(exits) == 30 and exits[30] == 1.0
+    # the tabs open first what the engine runs by default on a CPU: the q4 results and profile
+    opened = first(shipped, FIRST_RESULTS)
+    assert next(iter(opened)) == FIRST_RESULTS
+    q4 = read_summary(opened[FIRST_RESULTS])
+    lossless = q4[(q4["category"] == "overall") & q4["strategy"].isin(["prompt_lookup", "speculative", "mtp_heads"])]
+    assert len(lossless) == 3 and set(lossless["identical_share"]) == {1.0}
+    assert len(views(q4)[0]) == q4["strategy"].nunique()
+    profiles = first(shipped_profiles(), FIRST_PROFILE)
+    assert next(iter(profiles)) == FIRST_PROFILE
+    q4_profile = read_profile(profiles[FIRST_PROFILE])
+    assert len(q4_profile.exits) == 30 and "q4" in q4_profile.label
 
 
 def test_bench_results_name_their_machine(tmp_path):

@@ -6,7 +6,7 @@ import pandas as pd
 
 from mtp_viz.errors import UserError
 from mtp_viz.ui import notes
-from mtp_viz.ui.results import example_results, measured_on, read_summary
+from mtp_viz.ui.results import FIRST_RESULTS, example_results, first, measured_on, read_summary
 from mtp_viz.viz import figures
 from mtp_viz.viz.tables import bench_table
 
@@ -23,7 +23,7 @@ def views(summary: pd.DataFrame, strategies: list[str] | None = None):
 
 
 def build_bench() -> gr.Blocks:
-    examples = example_results()
+    examples = first(example_results(), FIRST_RESULTS)
     with gr.Blocks() as tab:
         gr.Markdown(notes.BENCH)
         with gr.Row():

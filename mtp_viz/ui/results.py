@@ -13,6 +13,10 @@ from mtp_viz.registry import load_registry
 from mtp_viz.ui.service import MAX_TRACE_BYTES
 
 REQUIRED = ("category", "strategy", "tokens_per_s", "speedup", "mean_accepted_tokens", "agreement")
+# what the Benchmark and Theory tabs open first: the embedded model as the engine runs it by
+# default on a CPU (weights auto: q4 on this project's machine)
+FIRST_RESULTS = "cpu-smollm2-135m-q4"
+FIRST_PROFILE = "profile-smollm2-135m-cpu-q4"
 
 
 def example_traces() -> dict[str, Path]:
@@ -33,6 +37,11 @@ def serving_sweeps() -> dict[str, Path]:
 def shipped_profiles() -> dict[str, Path]:
     """Verify-cost curves measured with `python -m mtp_viz profile`, by file stem."""
     return {p.stem: p for p in sorted(PROFILES.glob("profile-*.json"))}
+
+
+def first(found: dict[str, Path], name: str) -> dict[str, Path]:
+    """`found` with `name` first where it is there (what a tab opens by default)."""
+    return {name: found[name], **found} if name in found else found
 
 
 def read_summary(path: str | Path) -> pd.DataFrame:

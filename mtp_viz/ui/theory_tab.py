@@ -11,7 +11,7 @@ from mtp_viz.linear_plan import BY_COMMAND, describe_record, machine_records
 from mtp_viz.profile import read_profile
 from mtp_viz.theory import expected_tokens, measured_point, optimal_gamma, speedup
 from mtp_viz.ui import notes, service
-from mtp_viz.ui.results import example_traces, shipped_profiles
+from mtp_viz.ui.results import FIRST_PROFILE, example_traces, first, shipped_profiles
 from mtp_viz.viz import figures
 
 MAX_GAMMA = 16
@@ -46,7 +46,7 @@ def numbers_html(alpha: float, gamma: int, c: float, verify_cost, label: str = "
 
 
 def build_theory() -> gr.Blocks:
-    profiles = shipped_profiles()
+    profiles = first(shipped_profiles(), FIRST_PROFILE)
     with gr.Blocks() as tab:
         gr.Markdown(notes.THEORY)
         with gr.Row():
