@@ -24,10 +24,12 @@ from mtp_viz.trace import DraftToken, Step
 NAME = "mtp_heads"
 SUMMARY = "Trained MTP heads guess a chain or tree of next tokens; the target verifies all in one forward."
 CHAIN = "chain"
-# Three guesses (the top two for the next token, one more after the first): on a CPU verifying 2-4
-# tokens costs 1.0-1.3x a one-token forward, 5 about 1.5x and 6-16 two or more (docs/BENCHMARKS.md).
-# Where verifying costs little more, as on a GPU, bigger trees pay: LARGE_TREE.
-DEFAULT_TREE = "0,1,00"
+# On a CPU one guess (a chain of 1): with q4 weights a 2-row verify costs 1.24x a one-token forward
+# and a 4-row one 1.67x, so on Spec-Bench (13 prompts, q4, 2-core EPYC) one guess ran at 0.99x AR,
+# the tree 0,1 at 0.82x and 0,1,00 at 0.71x (docs/BENCHMARKS.md; 0,1,00 was 1.31x on the fp32
+# engine, whose slower one-token forward made a wider one relatively cheap). Where verifying costs
+# little more, as on a GPU, bigger trees pay: LARGE_TREE.
+DEFAULT_TREE = "chain"
 LARGE_TREE = "0,1,2,00,01,10,000,001,0000"
 MAX_TREE_NODES = 64
 MAX_GUESSES = 16
@@ -39,7 +41,7 @@ ACCEPTANCES = (EXACT, TYPICAL)
 @dataclass(frozen=True)
 class MTPHeadsSettings:
     tree: str = setting(DEFAULT_TREE, "Tree: 'chain', or rank paths from the root (0,1,00,…)", gpu=LARGE_TREE)
-    num_guesses: int = setting(4, "Chain length (tree = chain)", low=1, high=MAX_GUESSES)
+    num_guesses: int = setting(1, "Chain length (tree = chain)", low=1, high=MAX_GUESSES, gpu=4)
     acceptance: str = setting(EXACT, "Acceptance (typical is lossy)", choices=ACCEPTANCES)
     typical_epsilon: float = setting(0.09, "Typical: hard floor ε", low=0.0, high=1.0, step=0.01)
     typical_delta: float = setting(0.3, "Typical: entropy-scaled floor δ·exp(−H)", low=0.0, high=1.0, step=0.01)
