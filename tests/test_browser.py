@@ -1,21 +1,28 @@
 """A real browser (Debian's chromium via Playwright) drives the app: type, Run, see coloured tokens
 and the timeline, scrub a step, no error toast; an uploaded hostile trace injects no element.
-Screenshots land in test-artifacts/."""
+Screenshots land in test-artifacts/. Skipped without chromium and Playwright, except in CI, where
+their absence fails (tests/optional.py)."""
 
+import importlib.util
 import re
 import shutil
 from pathlib import Path
 
 import pytest
+from optional import require
 
 from mtp_viz.trace import Trace
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="Debian's chromium is not installed"),
-]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def browser_installed():
+    """Checked before the app is served (autouse fixtures come first)."""
+    require(shutil.which(CHROMIUM) is not None, f"Debian's chromium ({CHROMIUM})", "apt-get install chromium")
+    require(importlib.util.find_spec("playwright") is not None, "Playwright", "bash scripts/setup.sh")
 
 
 @pytest.fixture
