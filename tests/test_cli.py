@@ -89,8 +89,15 @@ def test_check_distribution_writes_samples_and_a_verdict(use_tiny_registry, tmp_
     result = json.loads(out.read_text())
     assert len(result["autoregressive"]) == len(result["speculative"]) == 40
     assert all(len(s) <= 2 for s in result["speculative"])
-    assert result["verdict"]["overall"] in ("consistent", "different")
-    assert "p =" in capsys.readouterr().out
+    verdict = result["verdict"]
+    tests = [*verdict["first_token_vs_exact"].values(), verdict["sequences_two_sample"]]
+    assert set(verdict["first_token_vs_exact"]) == {"autoregressive", "speculative"}
+    for t in tests:  # each verdict is its p-value against the significance level
+        assert t["verdict"] == ("consistent" if t["p_value"] >= t["alpha"] else "different"), t
+    # speculative sampling is lossless and the seeds are fixed: this run must not reject it
+    assert verdict["overall"] == "consistent", verdict
+    out = capsys.readouterr().out
+    assert out.count("p = ") == 3 and "verdict: consistent" in out
 
 
 BAD = {
@@ -124,7 +131,10 @@ BAD = {
         ["run", "--prompt", "hi", "--model", "tiny-draft", "--strategy", "speculative"],
         "needs a draft",
     ),
-    "unwritable trace path": (["run", "--prompt", "hi", "--trace-out", "/nonexistent/dir/t.json"], "error"),
+    "unwritable trace path": (
+        ["run", "--prompt", "hi", "--trace-out", "/nonexistent/dir/t.json"],
+        "error: No such file or directory: /nonexistent/dir/t.json",
+    ),
     "unknown setting": (["run", "--prompt", "hi", "--strategy", "lookahead", "--set", "speed=11"], "no setting"),
     "setting without a value": (["run", "--prompt", "hi", "--strategy", "lookahead", "--set", "window"], "key=value"),
     "setting of the wrong type": (

@@ -11,10 +11,11 @@ from conftest import decode, hf_greedy, save_tiny_dir, tiny_model
 from mtp_viz.__main__ import main
 from mtp_viz.cache import CachedModel
 from mtp_viz.drafters.mask import EVERYWHERE, MASK_ONLY, MaskSpec, adapter_parameters, load_mask_model, mask_model
-from mtp_viz.errors import UserError
+from mtp_viz.errors import InvalidSettingsError, UserError
 from mtp_viz.lean import lean_model
 from mtp_viz.projections import StackedLoRA
 from mtp_viz.strategies.base import GenerationSettings
+from mtp_viz.strategies.mask_spec import MAX_K
 from mtp_viz.training.data import Sequence
 from mtp_viz.training.mask import Region, leading_correct, pack, student_and_teacher, teacher_inputs
 
@@ -332,8 +333,9 @@ def test_mask_spec_refuses_models_without_a_mask_token_or_with_an_everywhere_ada
         decode(peaked, "mask_spec", PROMPTS[0])
     with pytest.raises(UserError, match="mask-only adapter"):
         decode(random_adapter(peaked, EVERYWHERE), "mask_spec", PROMPTS[0], mask_token_id=V)
-    with pytest.raises(Exception, match="k"):
-        decode(random_adapter(peaked), "mask_spec", PROMPTS[0], mask_token_id=V, k=1)
+    for k in (1, MAX_K + 1):  # one real position and no mask drafts nothing; past MAX_K is refused
+        with pytest.raises(InvalidSettingsError, match=rf"^k must be between 2 and {MAX_K}, got {k}$"):
+            decode(random_adapter(peaked), "mask_spec", PROMPTS[0], mask_token_id=V, k=k)
 
 
 def test_conf_adapt_on_a_mask_only_adapter_starts_every_step_with_the_models_own_token(peaked):

@@ -5,6 +5,7 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from mtp_viz.sampling import (
+    Verdict,
     Warp,
     acceptance_probability,
     probs_from_logits,
@@ -77,7 +78,11 @@ def test_verify_sampling_bonus_after_full_acceptance():
 
 
 def test_verify_greedy_cases():
-    assert verify_greedy([4, 5, 6, 7], [4, 5, 6]) == verify_greedy([4, 5, 6, 7], [4, 5, 6])
+    # greedy verification draws nothing: one None per verified position
+    assert verify_greedy([4, 5, 6, 7], [4, 5, 6]) == Verdict(3, 7, "bonus", [None, None, None])
+    assert verify_greedy([4, 5, 6, 7], [9, 5, 6]) == Verdict(0, 4, "resampled", [None])
+    assert verify_greedy([4, 5, 6, 7], [4, 5, 9]) == Verdict(2, 6, "resampled", [None, None, None])
+    assert verify_greedy([4], []) == Verdict(0, 4, "bonus", [])  # nothing drafted: the target's own token
     v = verify_greedy([4, 5, 6, 7], [4, 9, 6])
     assert (v.accepted, v.next_token, v.next_origin) == (1, 5, "resampled")
     v = verify_greedy([4, 5, 6, 7], [4, 5, 6])

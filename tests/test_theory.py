@@ -1,14 +1,26 @@
 """Leviathan et al.'s formulas against worked values."""
 
+from fractions import Fraction
+
 import pytest
 
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.theory import expected_tokens, optimal_gamma, speedup
 
 
+def _series_speedup(alpha: Fraction, gamma: int, c: Fraction) -> Fraction:
+    """Leviathan et al.'s speedup recomputed exactly, from its definition rather than the closed
+    form: expected tokens per step is sum_{i=0..gamma} alpha^i, a step costs gamma*c + 1 target forwards."""
+    return sum(alpha**i for i in range(gamma + 1)) / (gamma * c + 1)
+
+
 def test_worked_example_alpha_08_c_005():
-    assert optimal_gamma(0.8, 0.05) == 8
-    assert speedup(0.8, 8, 0.05) == pytest.approx(3.093, abs=1e-3)
+    alpha, c = Fraction(4, 5), Fraction(1, 20)
+    exact = {gamma: _series_speedup(alpha, gamma, c) for gamma in range(0, 30)}
+    assert exact[8] == Fraction(1690981, 546875)  # 3.09208 = (1 - 0.8^9) / (0.2 * 1.4)
+    assert optimal_gamma(0.8, 0.05) == max(exact, key=exact.get) == 8
+    for gamma in (1, 7, 8, 9, 20):
+        assert speedup(0.8, gamma, 0.05) == pytest.approx(float(exact[gamma]), rel=1e-12, abs=0)
     assert speedup(0.8, 7, 0.05) < speedup(0.8, 8, 0.05) > speedup(0.8, 9, 0.05)
 
 

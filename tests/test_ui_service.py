@@ -4,6 +4,7 @@ per-model lock, cancellation, concurrent runs, uploads, comparison verdicts and 
 import gc
 import json
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -36,24 +37,86 @@ def test_comparison_requests_put_autoregressive_first(use_tiny_registry):
         comparison_requests(["speculative", "prompt_lookup", "a", "b"][:MAX_COMPARED], prompt="x", model="tiny")
 
 
-def test_stream_yields_growing_snapshots_then_the_trace(use_tiny_registry, monkeypatch):
-    monkeypatch.setattr(service, "STREAM_INTERVAL_S", 0.01)
-    updates = list(service.stream(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=200)))
-    *partial, (final_steps, trace) = updates
-    assert trace is not None and final_steps == trace.steps and len(partial) > 1
-    for steps, t in partial:
-        assert t is None and steps == trace.steps[: len(steps)]
+HOLD_LIMIT_S = 60.0  # a held run goes on by itself after this (and the test fails), never hangs
 
 
-def test_closing_a_stream_cancels_the_run_and_releases_the_model_lock(use_tiny_registry, monkeypatch):
+class Pace:
+    """Decoding the test paces (fixture `paced`): while `holding`, a run in the background waits
+    after each step until the test lets one more through (`next_step`) or its stream is stopped,
+    so what a stream shows and when Stop lands do not depend on how fast this machine decodes."""
+
+    def __init__(self):
+        self.holding = False
+        self.overran = False  # a run was held past HOLD_LIMIT_S: nothing let it go on
+        self.runs: list[Run] = []
+        self._gate = threading.Semaphore(0)
+        self._job = threading.local()  # the background job's `stopped`, in its own thread
+
+    def next_step(self) -> None:
+        self._gate.release()
+
+    def wait(self) -> None:
+        stopped = getattr(self._job, "stopped", None)
+        deadline = time.monotonic() + HOLD_LIMIT_S
+        while self.holding and stopped is not None and not self._gate.acquire(timeout=0.01):
+            if stopped():
+                return
+            if time.monotonic() > deadline:  # a broken stream would otherwise hang the test
+                self.overran = True
+                return
+
+    def job(self, work):
+        def spied(stopped):
+            self._job.stopped = stopped
+            return work(stopped)
+
+        return spied
+
+
+@pytest.fixture
+def paced(monkeypatch):
+    pace = Pace()
+    real_steps, real_background = Run.steps, service.in_background
+
+    def steps(run):
+        pace.runs.append(run)
+        for step in real_steps(run):
+            yield step
+            pace.wait()
+
+    monkeypatch.setattr(Run, "steps", steps)
+    monkeypatch.setattr(service, "in_background", lambda work, poll: real_background(pace.job(work), poll))
     monkeypatch.setattr(service, "STREAM_INTERVAL_S", 0.01)
+    yield pace
+    assert not pace.overran, "a held run was never released nor stopped"
+
+
+def test_stream_yields_growing_snapshots_then_the_trace(use_tiny_registry, paced):
+    """A snapshot per step while the run is held after each one, then the whole trace."""
+    paced.holding = True
+    snapshots = []
+    for steps, trace in service.stream(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=8)):
+        if trace is not None:
+            break
+        if not snapshots or len(steps) != len(snapshots[-1]):  # held: the same snapshot until released
+            snapshots.append(steps)
+            paced.next_step()
+    assert trace.steps == steps and len(trace.steps) >= 2
+    assert [len(s) for s in snapshots] == list(range(1, len(trace.steps) + 1))
+    assert all(s == trace.steps[: len(s)] for s in snapshots)
+
+
+def test_closing_a_stream_cancels_the_run_and_releases_the_model_lock(use_tiny_registry, paced):
+    paced.holding = True
     gen = service.stream(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=400))
-    steps, _ = next(gen)
+    steps, _ = next(gen)  # the run is held after its first step
     lock = service._lock_for("tiny")
     assert not lock.acquire(blocking=False)  # held while decoding
     gen.close()  # what Gradio does when Stop is pressed
     assert lock.acquire(blocking=False)
     lock.release()
+    trace = paced.runs[-1].trace
+    assert trace.stop_reason == "cancelled" and len(trace.steps) <= len(steps) + 1  # within one step
 
 
 def test_errors_inside_the_decoding_thread_reach_the_caller(use_tiny_registry, monkeypatch):
@@ -179,7 +242,7 @@ def _live(cls) -> int:
     return sum(isinstance(o, cls) for o in gc.get_objects())
 
 
-def test_finished_and_stopped_runs_free_their_caches(use_tiny_registry, monkeypatch):
+def test_finished_and_stopped_runs_free_their_caches(use_tiny_registry, paced):
     """No KV cache outlives its run: after runs to the end, a cancelled run and a stream closed
     by Stop, no cache object is alive (a leak would grow memory with every run)."""
     from transformers.cache_utils import Cache
@@ -194,10 +257,12 @@ def test_finished_and_stopped_runs_free_their_caches(use_tiny_registry, monkeypa
     for step in run.steps():
         if step.index == 2:
             run.cancel()
-    monkeypatch.setattr(service, "STREAM_INTERVAL_S", 0.01)
+    paced.holding = True
     gen = service.stream(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=400))
-    next(gen)
+    next(gen)  # held after its first step
     gen.close()
+    assert paced.runs[-1].trace.stop_reason == "cancelled"
+    paced.runs.clear()
     del run, gen
     assert (_live(CachedModel), _live(Cache)) == before
 
