@@ -15,11 +15,18 @@ measured again by `python -m mtp_viz tune`).
 MTP_VIZ_LINEAR=auto (default) | stock | fast (the fixed buckets measured on the AMD machine, for
 comparisons). Only float32 CPU tensors are affected: GPUs and other dtypes keep F.linear.
 `benchmarks/cpu_linear.py` measures both ways side by side.
+
+A `RowPlan` is the other half of a product's path: not how fast, but how exact. A verify's rows
+must each compute what the one-token forward computes, and a kernel may sum a row in another
+order at another row count (oneDNN's bf16 one-row product on an AMD EPYC; its AMX kernels on an
+Intel Xeon; MKL's sgemm at 1, 2-3 and 4+ rows). A row plan pads short calls with zero rows and
+splits long ones into chunks, so that every call a row is in runs at row counts measured to
+agree (mtp_viz.row_plan measures it per machine and format).
 """
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -67,6 +74,49 @@ class Plan:
         return "; ".join(parts)
 
 
+@dataclass(frozen=True)
+class RowPlan:
+    """How a product's rows are grouped into kernel calls: a call of fewer than `pad_to` rows is
+    padded with zero rows to `pad_to`; more than `chunk` rows (None: no bound) run in chunks of
+    `chunk`, each padded alike; beyond MAX_ROWS rows (prefill, training) a call runs as it comes.
+    `exact`: measured to give every row the one-token product's
+    result at every probed row count (False: none could here, `why` says where it parts)."""
+
+    pad_to: int = 1
+    chunk: int | None = None
+    exact: bool = True
+    why: str = ""
+
+    def __call__(self, product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """product(x) for x (M, in), computed as this plan groups the rows: (M, out)."""
+        rows = x.shape[0]
+        if rows > MAX_ROWS or (rows >= self.pad_to and (self.chunk is None or rows <= self.chunk)):
+            return product(x)
+        step = self.chunk or rows
+        parts = []
+        for start in range(0, rows, step):
+            part = x[start : start + step]  # (m, in)
+            n = part.shape[0]
+            if n < self.pad_to:
+                part = torch.cat([part, part.new_zeros(self.pad_to - n, part.shape[1])])
+            parts.append(product(part)[:n])
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def describe(self) -> str:
+        """ "as is", "1 row padded to 2", "padded to 4, in chunks of 4", with "not exact" where so."""
+        if self.pad_to == 1 and self.chunk is None:
+            text = "as is"
+        elif self.chunk is None:
+            text = f"1-{self.pad_to - 1} rows padded to {self.pad_to}" if self.pad_to > 2 else "1 row padded to 2"
+        else:
+            text = f"padded to {self.pad_to}, in chunks of {self.chunk}"
+            text = text if self.pad_to > 1 else f"{self.chunk} rows a call"
+        return text if self.exact else f"{text}, not row-invariant here ({self.why})"
+
+
+RAW_ROWS = RowPlan()  # every call as it comes
+
+
 STOCK_PLAN = Plan((0,) * (MAX_ROWS + 1), STOCK)
 FIXED_PLAN = Plan(
     tuple(0 if r == 0 else next((b for b in FIXED_BUCKETS if b >= r), 0) for r in range(MAX_ROWS + 1)), FAST
@@ -96,13 +146,26 @@ def fast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
+def planned_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, plan: Plan, rows: RowPlan
+) -> torch.Tensor:
+    """`fast_linear` under `plan`, its rows grouped into calls by `rows` (float32 on a CPU only)."""
+    if rows == RAW_ROWS or weight.device.type != "cpu" or x.dtype != torch.float32:
+        return fast_linear(x, weight, bias, plan)
+    flat = x.reshape(-1, x.shape[-1])  # (m, in)
+    y = rows(lambda part: fast_linear(part, weight, bias, plan), flat)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
 class FastLinear(nn.Linear):
-    """An `nn.Linear` whose forward is `fast_linear` under its `plan` (same parameters and state dict)."""
+    """An `nn.Linear` whose forward is `fast_linear` under its `plan`, its rows grouped by its
+    `row_plan` (same parameters and state dict)."""
 
     plan: Plan = STOCK_PLAN
+    row_plan: RowPlan = RAW_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fast_linear(x, self.weight, self.bias, self.plan)
+        return planned_linear(x, self.weight, self.bias, self.plan, self.row_plan)
 
 
 def plain_linears(model: nn.Module) -> list[nn.Linear]:

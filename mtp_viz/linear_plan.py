@@ -319,7 +319,28 @@ def remeasure(
     return result
 
 
+SECTIONS = ("rows",)  # what else a plan record holds (mtp_viz.row_plan), kept when the plan is measured again
+
+
+def raw_record(path: Path) -> dict:
+    """The record at `path` as stored, whatever it holds ({} when none is readable)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_section(path: Path, section: str, key: str, entry: dict) -> None:
+    """Store `entry` as record[section][key] in the record at `path`, the rest of it as it was."""
+    record = raw_record(path)
+    record.setdefault(section, {})[key] = entry
+    _write(path, record)
+
+
 def _write(path: Path, record: dict) -> None:
+    old = raw_record(path)
+    record = {**{k: old[k] for k in SECTIONS if k in old and k not in record}, **record}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:

@@ -33,6 +33,8 @@ from mtp_viz.kernels import plan_of, use_fast_linears
 from mtp_viz.linear_plan import tune
 from mtp_viz.paths import cache_root
 from mtp_viz.registry import ModelEntry, Source, load_registry
+from mtp_viz.row_plan import describe as describe_rows
+from mtp_viz.row_plan import plan_rows
 from mtp_viz.weights import AUTO, FP32, Q4, Q4Codes, apply_format, check_format, format_of
 from mtp_viz.weights import describe as describe_weights
 from mtp_viz.weights_auto import NOTES, chosen_format
@@ -350,6 +352,7 @@ def _wrap(name, model, tok, chat: bool, source: str, weights: str = FP32, codes=
         apply_format(model, weights, codes)
     if model.device.type == "cpu" and model.dtype == torch.float32:  # elsewhere F.linear is left alone
         use_fast_linears(model, tune(model))  # the float32 linears left: every one in fp32, the head in the others
+        plan_rows(model)  # each format's products row-invariant where this machine allows (mtp_viz.row_plan)
     detail = detail or describe_weights(weights)
     return LoadedModel(name, model, tok, chat and tok is not None, frozenset(eos_ids), source, weights, detail)
 
@@ -361,9 +364,10 @@ def linear_path(loaded: LoadedModel) -> str:
         if loaded.device.type == "cpu" and loaded.model.dtype == torch.float32
         else None
     )
+    rows = f"; {describe_rows(loaded.model)}" if describe_rows(loaded.model) else ""
     if loaded.weights != FP32:
-        return f"{loaded.weights} weight-only kernels; head {plan or 'F.linear'}"
-    return plan or "F.linear"
+        return f"{loaded.weights} weight-only kernels; head {plan or 'F.linear'}{rows}"
+    return (plan or "F.linear") + rows
 
 
 def encode_prompt(loaded: LoadedModel, prompt: str, raw: bool = False) -> list[int]:

@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from mtp_viz.kernels import STOCK_PLAN, FastLinear, Plan, fast_linear
+from mtp_viz.kernels import RAW_ROWS, STOCK_PLAN, FastLinear, Plan, RowPlan, planned_linear
 from mtp_viz.weights import FormatLinear, fuse
 
 MIN_GATE_ROWS = 64
@@ -59,9 +59,10 @@ def base_linear(module: nn.Module) -> nn.Module:
     return getattr(module, "base_layer", module)
 
 
-def plan_of_linear(module: nn.Module) -> Plan:
-    """The linear path a module runs under now (FastLinear's plan; F.linear for a plain nn.Linear)."""
-    return module.plan if isinstance(module, FastLinear) else STOCK_PLAN
+def plan_of_linear(module: nn.Module) -> tuple[Plan, RowPlan]:
+    """The linear path and row plan a module runs under now (FastLinear's; F.linear as is for a
+    plain nn.Linear)."""
+    return (module.plan, module.row_plan) if isinstance(module, FastLinear) else (STOCK_PLAN, RAW_ROWS)
 
 
 @dataclass
@@ -85,7 +86,7 @@ class FusedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # the plan is read at each call: switching the model's linear path switches this product too
-        return fast_linear(x, self.weight, self.bias, plan_of_linear(self.source))
+        return planned_linear(x, self.weight, self.bias, *plan_of_linear(self.source))
 
     def current(self) -> bool:
         return self.source.weight.data_ptr() == self.weight.data_ptr()

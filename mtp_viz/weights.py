@@ -29,6 +29,7 @@ from torch.nn import functional as F
 
 from mtp_viz.drafters.vocab import ReducedHead
 from mtp_viz.errors import UserError
+from mtp_viz.kernels import RAW_ROWS, RowPlan
 
 FP32, BF16, INT8, Q4 = "fp32", "bf16", "int8", "q4"
 AUTO = "auto"
@@ -112,6 +113,7 @@ class FormatLinear(nn.Linear):
     fmt: str = FP32
     ROWS: tuple[str, ...] = ()  # the buffers, each with out_features rows
     fused_from: tuple[nn.Module, ...] = ()  # the linears `fuse` made this one of
+    row_plan: RowPlan = RAW_ROWS  # how rows group into kernel calls on a CPU: measured (mtp_viz.row_plan)
 
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None, **rows: torch.Tensor):
         nn.Module.__init__(self)
@@ -132,12 +134,17 @@ class FormatLinear(nn.Linear):
         return sum(getattr(self, name).numel() * getattr(self, name).element_size() for name in self.ROWS)
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
-        """x (M, in) in COMPUTE → (M, out)."""
+        """x (M, in) in COMPUTE → (M, out), one kernel call (the row plan groups the rows)."""
         raise NotImplementedError
+
+    def rows(self) -> RowPlan:
+        """The row plan this product runs under (a fused one: its first part's, set after fusing)."""
+        return self.fused_from[0].rows() if self.fused_from else self.row_plan
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(COMPUTE)  # (M, in)
-        y = self.product(flat).to(x.dtype).view(*x.shape[:-1], self.out_features)
+        y = self.rows()(self.product, flat) if flat.device.type == "cpu" else self.product(flat)
+        y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def current(self) -> bool:
@@ -152,6 +159,9 @@ class FormatLinear(nn.Linear):
 class Bf16Linear(FormatLinear):
     fmt = BF16
     ROWS = ("w",)  # (N, K) bfloat16
+    # until measured here: oneDNN's one-row bf16 product sums in another order than its several-row
+    # one (1536 inputs, 2-core EPYC); padded to two rows a row's result was the same at every count
+    row_plan = RowPlan(pad_to=2)
 
     @classmethod
     def of(cls, weight: torch.Tensor, bias=None) -> "Bf16Linear":
@@ -161,10 +171,6 @@ class Bf16Linear(FormatLinear):
         return self.w.float()
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
-        if len(x) == 1 and x.device.type == "cpu":
-            # oneDNN's one-row bf16 product sums in another order than its several-row one (1536
-            # inputs, 2-core EPYC): padded to two rows, a row's result is the same in any row count
-            return F.linear(torch.cat([x, torch.zeros_like(x)]), self.w)[:1]
         return F.linear(x, self.w)
 
 

@@ -9,7 +9,9 @@ format is kept beside it. Fastest: the median time of a one-token forward (head 
 interleaved rounds (each round times every format back to back, so a busy machine hits them
 alike); a format whose rounds spread beyond the linear plan's MAX_SPREAD is timed again, and a
 comparison still noisy decides nothing: fp32 serves, for RETRY_AFTER_S, then a load measures
-again. The record says when, under what load, with what agreement and speed.
+again. Lossless here: a format whose products no row plan makes row-invariant on this machine
+(mtp_viz.row_plan, measured when it loads) is not chosen. The record says when, under what load,
+with what agreement, speed and row plans.
 """
 
 import hashlib
@@ -30,6 +32,8 @@ from mtp_viz.linear_plan import MAX_SPREAD, RETRIES, load_average, spread, still
 from mtp_viz.machine import machine_info, machine_key
 from mtp_viz.paths import cache_root
 from mtp_viz.prompts import spec_bench
+from mtp_viz.row_plan import describe as describe_rows
+from mtp_viz.row_plan import not_lossless
 from mtp_viz.weights import FORMATS, FP32
 
 log = logging.getLogger(__name__)
@@ -39,7 +43,7 @@ PROMPTS = 13  # held-out prompts: the first question of each Spec-Bench category
 NEW_TOKENS = 64  # one miss moves agreement by 0.12%, so 8 × 32 was too coarse for a 99% floor)
 ROUNDS = 5  # timed rounds, after one warm-up
 FORWARDS = 8  # one-token forwards per format per round
-RECORD_VERSION = 2  # version 1 scored 8 prompts × 32 tokens: measured again
+RECORD_VERSION = 3  # 1 scored 8 prompts × 32 tokens; 2 did not say which formats are lossless here
 
 
 class Loaded(Protocol):  # mtp_viz.models.LoadedModel, as far as this module reads it
@@ -125,13 +129,18 @@ def forward_times(
     return times
 
 
-def choose(agreement: dict[str, float], times: dict[str, list[float]]) -> tuple[str, bool]:
-    """(the fastest format with agreement ≥ AGREEMENT_FLOOR, fp32 if none is faster; whether the
-    timings were steady). A noisy comparison decides nothing: fp32."""
+def choose(
+    agreement: dict[str, float], times: dict[str, list[float]], lossless: dict[str, bool] | None = None
+) -> tuple[str, bool]:
+    """(the fastest format with agreement ≥ AGREEMENT_FLOOR that is lossless here, fp32 if none is
+    faster; whether the timings were steady). A noisy comparison decides nothing: fp32. A format
+    whose products no row plan makes row-invariant on this machine (mtp_viz.row_plan) is not
+    chosen: its lossless strategies would part from autoregressive decoding."""
     steady = all(spread(t) <= MAX_SPREAD for t in times.values())
     if not steady:
         return FP32, False
-    eligible = [f for f in times if f == FP32 or agreement.get(f, 0.0) >= AGREEMENT_FLOOR]
+    here = lossless or {}
+    eligible = [f for f in times if f == FP32 or (agreement.get(f, 0.0) >= AGREEMENT_FLOOR and here.get(f, True))]
     return min(eligible, key=lambda f: statistics.median(times[f])), True
 
 
@@ -162,7 +171,9 @@ def describe_record(record: dict) -> str:
     steady = "" if record["settled"] else "; timings too noisy, fp32 until measured again"
     agreement = record["formats"][chosen].get("agreement", 1.0)
     others = ", ".join(
-        f"{f} {ms[f]:.1f} ms at {r['agreement']:.1%}" for f, r in record["formats"].items() if f not in (chosen, FP32)
+        f"{f} {ms[f]:.1f} ms at {r['agreement']:.1%}{'' if r['lossless'] else ' (not lossless here)'}"
+        for f, r in record["formats"].items()
+        if f not in (chosen, FP32)
     )
     return (
         f"{chosen} (agreement with fp32 {agreement:.1%}, one-token forward {ms[chosen]:.1f} ms vs fp32's "
@@ -183,9 +194,18 @@ def measure(load: Callable[[str], Loaded]) -> dict:
         if all(spread(t) <= MAX_SPREAD for t in times.values()):
             break
         times = forward_times(models, ids)
-    chosen, settled = choose({f: s["agreement"] for f, s in scores.items()}, times)
+    why_not = {f: not_lossless(m) for f, m in models.items()}  # the row plans measured on load
+    chosen, settled = choose(
+        {f: s["agreement"] for f, s in scores.items()}, times, {f: not w for f, w in why_not.items()}
+    )
     formats = {
-        f: {**scores.get(f, {}), "forward_ms": round(statistics.median(times[f]) * 1e3, 3), "spread": spread(times[f])}
+        f: {
+            **scores.get(f, {}),
+            "forward_ms": round(statistics.median(times[f]) * 1e3, 3),
+            "spread": spread(times[f]),
+            "lossless": not why_not[f],
+            "rows": describe_rows(models[f]),
+        }
         for f in FORMATS
     }
     return {

@@ -36,6 +36,7 @@ from mtp_viz.linear_plan import (
     spread,
     tune,
 )
+from mtp_viz.weights import BF16, FP32, INT8, Q4
 
 ROWS = (1, 2, 4, 8)
 BUSY = [45.0, 130.0, 39.0, 72.0, 60.0]  # stock at 2 rows during a package install (the issue's case): 3x apart
@@ -312,8 +313,11 @@ def test_the_tune_command_prints_the_table_and_caches_unless_a_dry_run(cache, us
     assert os.environ[kernels.ENV] == kernels.AUTO  # the load's override is undone
 
     assert main(["tune", "--model", "tiny"]) == 0
-    (record,) = machine_records()
-    assert record["by"] == BY_COMMAND and "cached in" in capsys.readouterr().out
+    (record,) = [r for r in machine_records() if r["by"] == BY_COMMAND]  # the formats' heads have their own
+    printed = capsys.readouterr().out
+    assert "cached in" in printed and "row plans:" in printed
+    assert all(f"  {fmt}: " in printed for fmt in (FP32, BF16, INT8, Q4))  # each format's row plan, measured again
+    assert set(record["rows"]) == {FP32}  # beside the kernel plan, in its record
     assert plan_of(load_model("tiny", "cpu", "float32").model).padded == tuple(record["padded"])
     assert main(["tune", "--model", "tiny", "--rounds", "2"]) == 2
 

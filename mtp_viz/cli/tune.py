@@ -1,5 +1,7 @@
 """`tune`: measure the linear plan of a model on this machine again, now (mtp_viz.linear_plan):
-each bucket's timings, spreads and choice, then the plan cached for later loads."""
+each bucket's timings, spreads and choice, then the plan cached for later loads; and each weight
+format's row plan (mtp_viz.row_plan): whether its products are row-invariant here, made so how,
+at what cost."""
 
 import argparse
 import os
@@ -11,6 +13,8 @@ from mtp_viz.errors import UserError
 from mtp_viz.linear_plan import BY_COMMAND, MAX_SPREAD, ROUNDS, describe_record, plan_path, remeasure, tune
 from mtp_viz.models import load_model
 from mtp_viz.registry import load_registry
+from mtp_viz.row_plan import PROBED_ROWS, plan_of_record, row_plans, use_row_plans
+from mtp_viz.weights import FORMATS, FP32
 
 MIN_ROUNDS, MAX_ROUNDS = 3, 50  # a spread needs three rounds
 
@@ -20,6 +24,13 @@ def add(sub) -> None:
     p.add_argument("--model", help="registry id or local model directory (default: the CPU default)")
     p.add_argument("--rounds", type=int, default=ROUNDS, help=f"timed rounds per row count (default {ROUNDS})")
     p.add_argument("--dry-run", action="store_true", help="measure and print, but leave the cached plan as it is")
+    p.add_argument(
+        "--weights",
+        nargs="+",
+        choices=FORMATS,
+        default=list(FORMATS),
+        help="weight formats whose row plans to measure again (default: all)",
+    )
     p.set_defaults(func=cmd_tune)
 
 
@@ -40,6 +51,13 @@ def cmd_tune(args: argparse.Namespace) -> None:
         return
     print(f"cached in {plan_path(loaded.model)}")
     kernels.use_fast_linears(loaded.model, tune(loaded.model))  # the loaded model runs what later loads will
+    print(f"row plans: every row of a call of {', '.join(map(str, PROBED_ROWS))} rows against the one-token product")
+    for fmt in args.weights:
+        model = loaded.model if fmt == FP32 else load_model(name, "cpu", "float32", weights=fmt).model
+        records = row_plans(model, BY_COMMAND, again=True)
+        use_row_plans(model, {f: plan_of_record(e) for f, e in records.items()})
+        for f, entry in records.items():
+            print("\n".join(row_lines(f if f == fmt else f"{f} (the {fmt} model's head)", entry)))
 
 
 def table(record: dict) -> list[str]:
@@ -49,6 +67,16 @@ def table(record: dict) -> list[str]:
         stock = f"{b['stock_ms']:>9.3f} {_spread(b['stock_spread']):>6}"
         fast = f"{b['fast_ms']:>9.3f} {_spread(b['fast_spread']):>6}"
         lines.append(f"{rows:>4}  {stock}  {fast}  {b['tries']:>5}  {b['choice']}")
+    return lines
+
+
+def row_lines(label: str, entry: dict) -> list[str]:
+    """A format's row plan: what each candidate gave, the costs (ms, 1 and 4 rows), the choice."""
+    lines = [f"  {label}: {entry['describe']}"]
+    for plan, verdict in entry["tried"].items():
+        cost = entry["cost_ms"].get(plan)
+        timing = f"  1 row {cost['1']:.2f} ms, 4 rows {cost['4']:.2f} ms" if cost else ""
+        lines.append(f"    {plan:<30} {verdict}{timing}")
     return lines
 
 
