@@ -178,7 +178,7 @@ def cheapest(exact: list[RowPlan], cost: dict[RowPlan, float]) -> RowPlan:
 
 def shapes(found: list) -> list[list]:
     """What a record is good for: the products' distinct shapes, input dtypes and (fp32) kernel plans."""
-    return sorted({(*shape, str(dtype), kernel) for shape, _, dtype, kernel in found})
+    return [list(s) for s in sorted({(*shape, str(dtype), kernel) for shape, _, dtype, kernel in found})]
 
 
 def plan_of_record(entry: dict) -> RowPlan:
@@ -208,7 +208,7 @@ def row_plans(model: nn.Module, by: str = BY_LOAD, again: bool = False, write: b
 def _good(entry: dict | None, found: list) -> bool:
     if not isinstance(entry, dict) or entry.get("version") != VERSION:
         return False
-    return entry.get("shapes") == [list(s) for s in shapes(found)] and entry.get("probed_rows") == list(PROBED_ROWS)
+    return entry.get("shapes") == shapes(found) and entry.get("probed_rows") == list(PROBED_ROWS)
 
 
 def use_row_plans(model: nn.Module, plans: dict[str, RowPlan]) -> nn.Module:

@@ -9,10 +9,13 @@ import torch
 from conftest import decode, perturbed, tiny_model
 from test_greedy_identity import PROMPT, _lossless_runs
 
+from mtp_viz import row_plan
 from mtp_viz.cache import ENGINE_ENV, ENGINES, LEAN, CachedModel, tree_visibility
 from mtp_viz.errors import UserError
+from mtp_viz.kernels import FIXED_PLAN, use_fast_linears
 from mtp_viz.lean import lean_model
 from mtp_viz.machine import describe
+from mtp_viz.row_plan import PROBED_ROWS
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import VERDICT_ACCEPTED, VERDICT_REJECTED
 from mtp_viz.weights import (
@@ -139,31 +142,48 @@ def test_lossless_strategies_identical_to_autoregressive_in_every_format(name, f
 EMBEDDED_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 
 
-@pytest.mark.parametrize("fmt", QUANTIZED)
-def test_a_formats_product_is_row_invariant(fmt):
-    """Row i of an M-row product equals the one-row product of that row, bit for bit, for every M
-    a verify uses, on this machine: what lets a verify's rows equal autoregressive steps
-    (kv_slots.RowKeys does the same for attention). fp32's BLAS products are not: not asserted."""
+HEAD_SHAPE = (49152, 576)  # the embedded model's output head: float32 in every format
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_formats_planned_product_is_row_invariant_on_this_machine(fmt):
+    """Row i of an M-row product, as the engine computes it here (the format's kernel under the row
+    plan measured on this machine, mtp_viz.row_plan), equals row i computed as the one-token
+    forward computes it, bit for bit, for every M a strategy verifies: what lets a verify's rows
+    equal autoregressive steps (kv_slots.RowKeys does the same for attention). Fails on the first
+    machine where no plan makes a product exact, naming the format, the shape and the row count."""
     torch.manual_seed(0)
-    for out, inp in EMBEDDED_SHAPES:
-        linear = convert(torch.nn.Linear(inp, out, bias=False), fmt)
-        x = torch.randn(16, inp)
-        alone = torch.cat([linear(x[i : i + 1]) for i in range(16)])
-        for m in range(2, 17):
-            assert torch.equal(linear(x[:m]), alone[:m]), f"{fmt} {out}x{inp}, {m} rows"
+    shapes = (*EMBEDDED_SHAPES, HEAD_SHAPE) if fmt == FP32 else EMBEDDED_SHAPES
+    # fp32: the engine's float32 linears, FastLinear under a kernel plan (the fixed one mixes both ways)
+    made = (lambda m: use_fast_linears(m, FIXED_PLAN)) if fmt == FP32 else (lambda m: convert(m, fmt))
+    linears = [made(torch.nn.Linear(inp, out, bias=False)) for out, inp in shapes]
+    found = [row_plan.products(m)[fmt][0] for m in linears]
+    record = row_plan.measure(fmt, found)
+    assert record["plan"]["exact"], f"{fmt} is not lossless on this machine: {record['plan']['why']}"
+    plan = row_plan.plan_of_record(record)
+    with torch.inference_mode():
+        for (out, inp), linear in zip(shapes, linears, strict=True):
+            linear.row_plan = plan
+            x = torch.randn(max(PROBED_ROWS), inp)  # other inputs than the probe's
+            alone = torch.cat([linear(x[i : i + 1]) for i in range(len(x))])
+            for m in PROBED_ROWS:
+                assert torch.equal(linear(x[:m]), alone[:m]), f"{fmt} {out}x{inp}: {m} rows under {plan.describe()}"
 
 
-@pytest.mark.parametrize("fmt", [BF16, Q4])
-def test_verify_rows_are_one_token_forwards_bit_for_bit(fmt):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_verify_rows_are_one_token_forwards_bit_for_bit(fmt, tmp_path, monkeypatch):
     """A chain and a tree scored in one forward after the prompt: every row's hidden state equals
     the one-token forward's along its path, bit for bit. At this size (the embedded model's widths,
     two layers) a batched attention call's rows differ from one-token calls (by up to 0.012 in the
     bf16 model's hidden states on a 2-core EPYC); the target attends one row at a time after the
-    prompt's prefill (CachedModel's prompt_length)."""
+    prompt's prefill (CachedModel's prompt_length), and each format's products run under the row
+    plan measured on this machine (mtp_viz.row_plan), as a loaded model's do."""
+    monkeypatch.setenv("MTP_VIZ_CACHE", str(tmp_path))
     model = apply_format(
         tiny_model("llama-2l", hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1152),
         fmt,
     )
+    row_plan.plan_rows(use_fast_linears(model, FIXED_PLAN))
     prompt = torch.randint(0, 96, (120,), generator=torch.Generator().manual_seed(0)).tolist()
 
     def stepped(path: list[int]) -> torch.Tensor:  # the prompt's last token, then one token at a time
