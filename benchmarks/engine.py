@@ -35,7 +35,14 @@ import torch
 
 from mtp_viz.cache import ENGINE_ENV, LEAN, TRANSFORMERS
 from mtp_viz.clock import Clock
-from mtp_viz.llama_peers import LLAMA_CPP_AUTOREGRESSIVE, LLAMA_CPP_PROMPT_LOOKUP, LlamaCppPeers, parting, unavailable
+from mtp_viz.llama_peers import (
+    LLAMA_CPP_AUTOREGRESSIVE,
+    LLAMA_CPP_PROMPT_LOOKUP,
+    LlamaCppPeers,
+    PeerFailed,
+    parting,
+    unavailable,
+)
 from mtp_viz.machine import describe_peer, machine_info, machine_label
 from mtp_viz.models import encode_prompt, load_model, quiet_transformers
 from mtp_viz.peers import HF_GENERATE, HF_PROMPT_LOOKUP, HF_STATIC_COMPILE, run_peer
@@ -191,17 +198,23 @@ def main() -> int:
     loaded.model.generate(torch.tensor([warm]), max_new_tokens=4, do_sample=False, pad_token_id=0)
     rows, raw = [], {}
     llama = LlamaCppPeers([LLAMA_CPP_OF[m] for m in methods if m in LLAMA_CPP_OF], loaded, torch.get_num_threads())
+    failed: set[str] = set()  # llama.cpp peers whose process died or hung
     with llama:
         for name, prompt in list(PROMPTS.items())[: args.prompts]:
             prompt_ids = encode_prompt(loaded, prompt)
             rates: dict[str, list[float]] = {m: [] for m in methods}
             outputs: dict[str, list[int]] = {}
             for r in range(args.repeats):
-                for method in methods:
+                for method in [m for m in methods if m not in failed]:
                     if method.startswith("ours"):
                         out, wall = ours(args.model, prompt, args.max_new_tokens, method, args.weights)
                     elif method in LLAMA_CPP_OF:
-                        run_ = llama.run(LLAMA_CPP_OF[method], prompt_ids, args.max_new_tokens)
+                        try:
+                            run_ = llama.run(LLAMA_CPP_OF[method], prompt_ids, args.max_new_tokens)
+                        except PeerFailed as e:  # its process died or hung: one line, the rest goes on
+                            print(f"{e}; {method} left out from here on", file=sys.stderr)
+                            failed.add(method)
+                            continue
                         out, wall = run_.output_token_ids, run_.wall_time_s
                     else:
                         out, wall = hf(loaded, prompt_ids, args.max_new_tokens, method)
@@ -212,7 +225,7 @@ def main() -> int:
                     file=sys.stderr,
                     flush=True,
                 )
-            med = {m: max(v) for m, v in rates.items()}
+            med = {m: max(v) for m, v in rates.items() if v}
             # every method on the same weights as ours: transformers' run fp32, so in another format only ours count
             alike = [m for m in outputs if m not in LLAMA_CPP_OF and (m.startswith("ours") or args.weights == FP32)]
             identical = all(outputs[m] == outputs["ours_ar"] for m in alike)

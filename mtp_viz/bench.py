@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from mtp_viz.errors import UserError
-from mtp_viz.llama_peers import LLAMA_CPP_PEERS, LlamaCppPeers, unavailable
+from mtp_viz.llama_peers import LLAMA_CPP_PEERS, LlamaCppPeers, PeerFailed, unavailable
 from mtp_viz.machine import machine_info
 from mtp_viz.models import load_heads_for, load_model, resolve_device
 from mtp_viz.peers import HF_ASSISTED, PEERS, PeerRun, run_peer
@@ -100,6 +100,7 @@ def run_bench(
     traces: dict[str, list[Trace]] = {label: [] for label in order}
     peer_runs: dict[str, list[PeerRun]] = {peer: [] for peer in peers}
     total, done = len(prompts) * (len(order) + len(peers)), 0
+    failed: set[str] = set()  # llama.cpp peers whose process died or hung
     with served, local:  # vLLM peers' servers started before anything is timed; both always closed
         for p in prompts:
             for label in order:
@@ -112,11 +113,15 @@ def run_bench(
                 if progress:
                     progress(done, total)
             prompt_ids = traces[BASELINE][-1].prompt_token_ids
-            for peer in peers:
+            for peer in [p for p in peers if p not in failed]:
                 if peer in VLLM_PEERS:
                     peer_runs[peer].append(served.run(peer, prompt_ids))
                 elif peer in LLAMA_CPP_PEERS:
-                    peer_runs[peer].append(local.run(peer, prompt_ids, base.generation.max_new_tokens))
+                    try:
+                        peer_runs[peer].append(local.run(peer, prompt_ids, base.generation.max_new_tokens))
+                    except PeerFailed as e:  # its process died or hung: one line; its runs so far are kept
+                        log.warning("%s; %s left out from here on", e, peer)
+                        failed.add(peer)
                 else:
                     peer_runs[peer].append(run_peer(peer, target, prompt_ids, base.generation.max_new_tokens, draft, k))
                 done += 1
@@ -147,7 +152,8 @@ def results_table(
 
     rows = []
     for peer, runs in (peer_runs or {}).items():
-        for p, r, ref in zip(prompts, runs, traces[BASELINE], strict=True):
+        done = len(runs)  # a peer whose process died has runs for the prompts before it died
+        for p, r, ref in zip(prompts[:done], runs, traces[BASELINE][:done], strict=True):
             rows.append(
                 {
                     "strategy": peer,

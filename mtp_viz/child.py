@@ -61,27 +61,19 @@ def guarded(command: list[str]) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), *command]
 
 
-def _stop_group(command: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM the command's group, SIGKILL what is left after the grace (the guard included)."""
-    group = os.getpgid(0)
-    os.killpg(group, signal.SIGTERM)  # the guard's own copy finds `stop` already running
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        command.wait(grace_s)
-    os.killpg(group, signal.SIGKILL)
-
-
 def _guard(command: list[str], grace_s: float = GRACE_S) -> int:
     child = subprocess.Popen(command)  # in our process group (the caller started us in a new one)
-    stopping = threading.Event()
-
-    def stop(*_):
-        if not stopping.is_set():
-            stopping.set()
-            _stop_group(child, grace_s)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    exit_with_parent(on_gone=stop)
+    stop = threading.Event()  # set when our parent is gone, or when we are told to terminate
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    exit_with_parent(on_gone=stop.set)
+    while child.poll() is None and not stop.wait(POLL_S):
+        pass
+    if stop.is_set():  # SIGTERM the group (the command and what it started), SIGKILL what is left
+        os.killpg(0, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(grace_s)
+        os.killpg(0, signal.SIGKILL)
     returncode = child.wait()
     if returncode < 0:  # end as the command did, so our parent reads the same cause
         signal.signal(-returncode, signal.SIG_DFL)

@@ -13,14 +13,20 @@ the one line that says so and the benchmarks skip these peers with it."""
 
 import contextlib
 import importlib.util
+import json
 import math
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
 from importlib.metadata import version
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
 
-from mtp_viz.clock import Clock
+from mtp_viz.child import exit_reason
 from mtp_viz.errors import UserError
 from mtp_viz.labels import LLAMA_CPP_PREFIX
 from mtp_viz.models import LoadedModel
@@ -35,6 +41,11 @@ LLAMA_CPP_PEERS = (LLAMA_CPP_AUTOREGRESSIVE, LLAMA_CPP_PROMPT_LOOKUP)
 INSTALL = "bash scripts/setup.sh --llama"
 MIN_CONTEXT = 1024  # tokens; a context grows to the next power of two a prompt needs
 WARM_UP_TOKENS = 4  # decoded untimed after each (re)load: thread pool, page faults of the mapped file
+WORKER = [sys.executable, "-m", "mtp_viz.llama_worker"]  # the process a peer runs in
+START_TIMEOUT_S = 180.0  # load the GGUF and warm up (seconds on 2 cores)
+ANSWER_TIMEOUT_S = 120.0  # a completion: this, plus SECONDS_PER_TOKEN a token asked for (it runs 60-90 tok/s here)
+SECONDS_PER_TOKEN = 1.0
+STOP_GRACE_S = 10.0
 
 
 def unavailable(model: str) -> str | None:
@@ -62,10 +73,16 @@ def shipped_gguf(model: str) -> Path | None:
     return None
 
 
+class PeerFailed(UserError):
+    """A llama.cpp peer's process died, hung or could not start: one line that says which and how."""
+
+
 class LlamaCppPeers(contextlib.ExitStack):
     """`with LlamaCppPeers(names, target, threads) as peers: peers.run(name, prompt_ids, max_new)`.
 
-    One llama.cpp context per peer on the target's shipped GGUF, closed on exit."""
+    Each peer is llama.cpp in a process of its own (mtp_viz.llama_worker) on the target's shipped
+    GGUF, so a native crash or a hang is a `PeerFailed` line here, never our process's end; the
+    processes are stopped on exit, and stop by themselves if we die."""
 
     def __init__(self, names: list[str], target: LoadedModel, threads: int, lookup: PromptLookupSettings | None = None):
         super().__init__()
@@ -77,79 +94,132 @@ class LlamaCppPeers(contextlib.ExitStack):
         self.names, self.target, self.threads = names, target, threads
         self.gguf = shipped_gguf(target.name) if names else None
         self.lookup = lookup or PromptLookupSettings()
-        self.contexts: dict[str, object] = {}  # peer → llama_cpp.Llama
+        self.workers: dict[str, Worker] = {}  # peer → its llama.cpp process
+        self.system_info = ""  # llama.cpp's own line of CPU features, from the first worker
         self.callback(self._close_all)
 
     def run(self, name: str, prompt_ids: list[int], max_new_tokens: int) -> PeerRun:
-        """One greedy completion of the prompt ids, timed from the prompt's evaluation to the last token."""
-        llm = self._context(name, len(prompt_ids) + max_new_tokens)
-        clock = Clock("cpu")
-        start = clock.now()
-        out = greedy(llm, prompt_ids, max_new_tokens, self.target.eos_token_ids)
-        wall = clock.now() - start
+        """One greedy completion of the prompt ids, timed in the worker from the prompt's
+        evaluation to the last token. Raises PeerFailed if the worker dies or hangs."""
+        worker = self._worker(name, len(prompt_ids) + max_new_tokens)
+        asked = request(prompt_ids, max_new_tokens, self.target.eos_token_ids)
+        answer = worker.ask(asked, answer_timeout(max_new_tokens))
+        out = answer["tokens"]
         text = self.target.tokenizer.decode(out, skip_special_tokens=False) if self.target.tokenizer else ""
-        return PeerRun(name, out, text, wall, self.machine())
+        return PeerRun(name, out, text, answer["wall_time_s"], self.machine())
 
     def machine(self) -> dict:
         """What the llama.cpp runs were measured with, for the bench record's machine line."""
-        import llama_cpp
-
-        features = llama_cpp.llama_print_system_info().decode()
         return {
             "engine": "llama.cpp",
             "llama_cpp_python": version("llama_cpp_python"),
             "threads": self.threads,
             "gguf": self.gguf.name if self.gguf else None,
-            "cpu_features": _enabled(features),
+            "cpu_features": _enabled(self.system_info),
             "prompt_lookup": {
                 "num_pred_tokens": self.lookup.num_draft_tokens,
                 "max_ngram_size": self.lookup.max_ngram_size,
             },
         }
 
-    def _context(self, name: str, needed: int):
-        """The peer's llama.cpp context, (re)loaded with room for `needed` tokens and warmed up."""
-        llm = self.contexts.get(name)
-        if llm is not None and llm.n_ctx() >= needed:
-            return llm
-        if llm is not None:
-            llm.close()
-        import llama_cpp
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        drafter = None
+    def _worker(self, name: str, needed: int) -> "Worker":
+        """The peer's llama.cpp process, (re)started with room for `needed` tokens and warmed up."""
+        worker = self.workers.pop(name, None)
+        if worker is not None and worker.n_ctx >= needed:
+            self.workers[name] = worker
+            return worker
+        if worker is not None:
+            worker.close()
+        lookup = None
         if name == LLAMA_CPP_PROMPT_LOOKUP:
-            drafter = LlamaPromptLookupDecoding(self.lookup.max_ngram_size, self.lookup.num_draft_tokens)
-        llm = llama_cpp.Llama(
-            model_path=str(self.gguf),
-            n_ctx=max(MIN_CONTEXT, 2 ** math.ceil(math.log2(needed))),
-            n_threads=self.threads,
-            n_threads_batch=self.threads,
-            draft_model=drafter,
-            logits_all=drafter is not None,  # a drafter needs every position's logits; unset, past 512 tokens it fails
-            seed=0,
-            verbose=False,
-        )
-        greedy(llm, [self.target.tokenizer.bos_token_id or 0], WARM_UP_TOKENS, frozenset())
-        self.contexts[name] = llm
-        return llm
+            lookup = {"max_ngram_size": self.lookup.max_ngram_size, "num_pred_tokens": self.lookup.num_draft_tokens}
+        spec = {
+            "gguf": str(self.gguf),
+            "n_ctx": max(MIN_CONTEXT, 2 ** math.ceil(math.log2(needed))),
+            "threads": self.threads,
+            "lookup": lookup,
+            "warm_up": request([self.target.tokenizer.bos_token_id or 0], WARM_UP_TOKENS, frozenset()),
+        }
+        worker = self.workers[name] = Worker(f"llama.cpp {name.removeprefix(LLAMA_CPP_PREFIX)}", spec)
+        self.system_info = self.system_info or worker.ready["system_info"]
+        return worker
 
     def _close_all(self) -> None:
-        for llm in self.contexts.values():
-            llm.close()
-        self.contexts.clear()
+        for worker in self.workers.values():
+            worker.close()
+        self.workers.clear()
 
 
-def greedy(llm, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: frozenset[int]) -> list[int]:
-    """Greedy decoding on a fresh KV cache (no prefix reuse from an earlier call), up to and
-    including the first end-of-sequence token."""
-    llm.reset()
-    out: list[int] = []
-    for token in llm.generate(prompt_ids, temp=0.0, repeat_penalty=1.0):
-        out.append(int(token))
-        if token in eos_token_ids or len(out) >= max_new_tokens:
-            break
-    return out
+def request(prompt_ids: list[int], max_new_tokens: int, eos_token_ids: frozenset[int]) -> dict:
+    return {"prompt_ids": list(prompt_ids), "max_new_tokens": max_new_tokens, "eos": sorted(eos_token_ids)}
+
+
+def answer_timeout(max_new_tokens: int) -> float:
+    return ANSWER_TIMEOUT_S + SECONDS_PER_TOKEN * max_new_tokens
+
+
+class Worker:
+    """One llama.cpp process (WORKER): started, asked one JSON line at a time, always stopped.
+    A death, a silence past the timeout or an unreadable answer is a PeerFailed naming `label`,
+    and the process is stopped."""
+
+    def __init__(self, label: str, spec: dict, start_timeout_s: float = START_TIMEOUT_S):
+        self.label, self.n_ctx = label, spec["n_ctx"]
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (read on failure, gone with the worker)
+        self.process = subprocess.Popen(
+            [*WORKER, json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, name=f"{label} answers", daemon=True).start()
+        self.ready = self._answer(start_timeout_s, "starting")
+
+    def ask(self, request: dict, timeout_s: float) -> dict:
+        with contextlib.suppress(OSError):  # it died: the missing answer says how
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+        return self._answer(timeout_s, "decoding")
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _answer(self, timeout_s: float, doing: str) -> dict:
+        try:
+            line = self.lines.get(timeout=timeout_s)
+            if line is None:
+                why = f"{exit_reason(self.process.wait())} while {doing}: {self.last_error()}"
+            else:
+                with contextlib.suppress(ValueError):
+                    return json.loads(line)
+                why = f"answered something unreadable while {doing}: {line[:120]!r}"
+        except queue.Empty:
+            why = f"gave no answer in {timeout_s:.0f} s while {doing}, and was stopped"
+        except BaseException:  # Ctrl-C while waiting: stopped all the same
+            self.close()
+            raise
+        self.close()
+        raise PeerFailed(f"{self.label} {why}")
+
+    def last_error(self) -> str:
+        """The telling line of the worker's stderr: a fatal error, else its last line."""
+        self.stderr.seek(0)
+        lines = [line.strip() for line in self.stderr.read().decode(errors="replace").splitlines() if line.strip()]
+        fatal = [line for line in lines if line.startswith("Fatal Python error")]
+        return (fatal or lines or ["(nothing on stderr)"])[-1][:300]
+
+    def close(self) -> None:
+        """Stop the process: the end of its input, then a kill if it does not end by itself."""
+        if self.process.poll() is None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+            try:
+                self.process.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()
 
 
 @torch.inference_mode()

@@ -7,7 +7,7 @@
 # talks to over HTTP (its pins differ from ours, so it never shares .venv).
 #
 # `bash scripts/setup.sh --llama` adds llama-cpp-python to .venv: llama.cpp, the benchmarks'
-# optional CPU peer on the same GGUF (its pins fit ours).
+# optional CPU peer on the same GGUF (its pins fit ours), built for this CPU and tried before kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -35,30 +35,12 @@ if [ "${1:-}" = "--vllm" ]; then
 fi
 
 if [ "${1:-}" = "--llama" ]; then
-    # Built from source with this machine's cmake and gcc (~330 s on 2 cores). The build is native
-    # (-march=native, AVX-512 where the CPU has it): llama.cpp's portable build of all CPU variants
-    # needs a backend loader llama-cpp-python does not call. So the wheel is cached per CPU
-    # instruction set under the mtp-viz cache, never in pip's own cache (--no-cache-dir), where
-    # a machine with another CPU could pick it up and die on an illegal instruction.
-    LLAMA_VERSION=0.3.36
+    # Built from source with this machine's cmake and gcc (~6 min on 2 cores) for the instruction
+    # sets this CPU advertises and runs (AMX only where a probe runs its tile instructions), then
+    # kept only if it decodes here; the wheel is cached under ~/.cache/mtp-viz by the options it
+    # was built with. The decisions: scripts/llama_cpp_build.py.
     [ -x .venv/bin/python ] || { echo "run bash scripts/setup.sh first" >&2; exit 1; }
-    cpu=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo | sha256sum | cut -c1-12)
-    wheels="${MTP_VIZ_CACHE:-$HOME/.cache/mtp-viz}/wheels/llama-cpp-python-$LLAMA_VERSION-$cpu"
-    built_for=.venv/llama-cpp-cpu  # the instruction set the installed llama.cpp was built for
-    if [ "$(cat "$built_for" 2>/dev/null)" != "$cpu" ] || ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
-        if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-            rm -rf "$wheels.tmp"
-            CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" .venv/bin/python -m pip wheel -q --no-deps \
-                --no-cache-dir -w "$wheels.tmp" "llama-cpp-python==$LLAMA_VERSION"
-            rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"
-        fi
-        .venv/bin/python -m pip uninstall -q -y llama-cpp-python 2>/dev/null || true
-        .venv/bin/python -m pip install -q --find-links "$wheels" --only-binary llama-cpp-python \
-            "llama-cpp-python==$LLAMA_VERSION" diskcache==5.6.3
-        echo "$cpu" >"$built_for"
-    fi
-    .venv/bin/python -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__, 'in .venv')"
-    exit 0
+    exec .venv/bin/python scripts/llama_cpp_build.py
 fi
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv

@@ -10,6 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from crash_safe import pytest_runtest_protocol, pytest_xdist_make_scheduler  # noqa: F401 (hooks: a crash or hang fails by name)
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from mtp_viz.clock import Clock

@@ -3,12 +3,14 @@
 
 It takes the same arguments, starts a grandchild (as vLLM starts its engine), writes the pids to
 $FAKE_VLLM_PIDS, and by $FAKE_VLLM_MODE: `ok` serves /health, /v1/models and /version; `die`
-exits with an error line; `hang` never becomes healthy. A completion streams the token ids in
-$FAKE_VLLM_TOKENS (default 5,6,7) one per chunk, as vLLM streams plain decoding; /metrics is empty.
+exits with an error line; `segfault` dies by SIGSEGV; `hang` never becomes healthy. A completion
+streams the token ids in $FAKE_VLLM_TOKENS (default 5,6,7) one per chunk, as vLLM streams plain
+decoding; /metrics is empty.
 With $FAKE_VLLM_DIE_AFTER=N the server dies (its engine child left behind) after N completions."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -31,6 +33,8 @@ def main() -> None:
         sys.exit(1)
     if mode == "hang":
         time.sleep(600)
+    if mode == "segfault":
+        os.kill(os.getpid(), signal.SIGSEGV)
     name = arg("--served-model-name")
     answered = [0]
     die_after = int(os.environ.get("FAKE_VLLM_DIE_AFTER", "0"))

@@ -16,14 +16,14 @@ LAYERS = (
     ("entry", "__main__ cli"),  # the command line
     ("ui", "ui"),  # Gradio layout and callbacks
     ("viz", "viz"),  # traces → HTML, figures, tables
-    ("applications", "bench deploy llama_peers peers profile quality serving training"),
+    ("applications", "bench deploy llama_peers llama_worker peers profile quality serving training"),
     ("runner", "runner"),  # a request → a strategy's run → a trace
     ("strategies", "strategies"),  # decoding algorithms yielding steps
     # loading, weight formats, drafters, the lean forward
     ("models", "cache drafters gguf_codes kv_slots lean models projections registry row_plan weights weights_auto"),
     (
         "foundation",
-        "__init__ clock detok errors kernels labels linear_plan machine paths prompts sampling theory trace",
+        "__init__ child clock detok errors kernels labels linear_plan machine paths prompts sampling theory trace",
     ),
 )
 LAYERS = tuple(

@@ -30,6 +30,7 @@ from mtp_viz.llama_peers import (
 )
 from mtp_viz.machine import describe
 from mtp_viz.models import encode_prompt, load_model
+from mtp_viz.quality import first_divergence
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
 
@@ -152,7 +153,11 @@ def test_llama_cpp_is_a_peer_in_our_benchmark_with_its_threads_recorded(smol, tm
     base = RunRequest(model=MODEL, generation=GenerationSettings(max_new_tokens=MAX_NEW))
     traces, peer_runs = run_bench(prompts, ["prompt_lookup"], base, peers=[LLAMA_CPP_PROMPT_LOOKUP])
     table = results_table(prompts, traces, peer_runs).set_index("strategy")
-    assert table.loc[LLAMA_CPP_PROMPT_LOOKUP, "new_tokens"] > 0 and table.loc[LLAMA_CPP_PROMPT_LOOKUP, "agreement"] >= 0
+    ours, theirs = traces["autoregressive"][0].output_token_ids, peer_runs[LLAMA_CPP_PROMPT_LOOKUP][0].output_token_ids
+    parted = first_divergence(ours, theirs)
+    assert table.loc[LLAMA_CPP_PROMPT_LOOKUP, "new_tokens"] == len(theirs) > 0
+    assert table.loc[LLAMA_CPP_PROMPT_LOOKUP, "agreement"] == (1.0 if parted is None else parted / len(ours))
+    assert table.loc[LLAMA_CPP_PROMPT_LOOKUP, "identical"] == (parted is None)
     save(tmp_path, prompts, traces, peer_runs)
     machine = json.loads((tmp_path / "summary.json").read_text())["machine"]
     assert machine["peers"][LLAMA_CPP_PROMPT_LOOKUP]["threads"] == torch.get_num_threads()

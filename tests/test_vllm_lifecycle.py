@@ -109,6 +109,34 @@ def test_sigterm_to_the_parent_stops_the_server(fake_vllm, tmp_path):
     assert gone(pids)
 
 
+def test_sigkill_to_the_parent_still_stops_the_server(fake_vllm, tmp_path):
+    """Killed with SIGKILL, the parent runs no code at all: the guard the server runs under
+    (mtp_viz.child) sees it gone and stops the server's process group."""
+    script = textwrap.dedent(
+        f"""
+        import time
+        from mtp_viz.serving.server import ServerConfig, VLLMServer
+        with VLLMServer.start(ServerConfig(model_dir={str(tmp_path)!r}, served_name="tiny")):
+            print("ready", flush=True)
+            time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=os.environ)
+    assert parent.stdout.readline().strip() == "ready"
+    pids = json.loads(fake_vllm.read_text())
+    guard = psutil.Process(parent.pid).children()
+    parent.kill()
+    assert parent.wait(30) == -signal.SIGKILL
+    assert gone(pids + [g.pid for g in guard], timeout=30), "the server outlived a parent killed with SIGKILL"
+
+
+def test_a_server_killed_by_a_signal_says_which(fake_vllm, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_MODE", "segfault")
+    with pytest.raises(ServerError, match="was killed by SIGSEGV \\(segmentation fault\\): "):
+        VLLMServer.start(config(tmp_path))
+    assert gone(json.loads(fake_vllm.read_text()))
+
+
 def test_cli_without_vllm_installed_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, use_tiny_registry):
     from mtp_viz.__main__ import main
 

@@ -4,7 +4,8 @@ The server runs in `.venv-vllm` (`bash scripts/setup.sh --vllm`): its pins diffe
 never shares our environment, and we only talk to it over HTTP. It is started in its own process
 group, so stopping it stops its engine and worker processes too: at the end of a `with` block,
 on an error, on Ctrl-C (KeyboardInterrupt unwinds the block), on SIGTERM (turned into SystemExit
-while a server runs), and at interpreter exit as a last resort.
+while a server runs), and at interpreter exit as a last resort. When we are killed with SIGKILL
+none of that runs: the server runs under mtp_viz.child's guard, which stops the group once we are gone.
 """
 
 import atexit
@@ -24,6 +25,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from mtp_viz.child import exit_reason, guarded
 from mtp_viz.errors import UserError
 from mtp_viz.paths import REPO
 
@@ -134,7 +136,7 @@ class VLLMServer:
         args = config.args(port)
         with open(log, "wb") as out:
             process = subprocess.Popen(
-                [str(python), *args],
+                guarded([str(python), *args]),  # stopped by the guard if we die without stopping it
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -194,7 +196,7 @@ class VLLMServer:
         while True:
             elapsed = time.monotonic() - start
             if self.process is not None and self.process.poll() is not None:
-                raise ServerError(f"the vLLM server exited with status {self.process.returncode}: {self.last_error()}")
+                raise ServerError(f"the vLLM server {exit_reason(self.process.returncode)}: {self.last_error()}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     break
