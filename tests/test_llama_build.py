@@ -4,6 +4,7 @@ under a key that says how it was built; a build that fails its trial run here gi
 safer one."""
 
 import importlib.util
+import json
 import os
 import signal
 import sys
@@ -89,3 +90,36 @@ def test_the_amx_probe_compiles_here():
     finally:
         source.unlink()
         out.unlink(missing_ok=True)
+
+
+def test_a_build_that_fails_its_trial_run_gives_way_to_a_safer_one(monkeypatch, tmp_path):
+    """The Xeon's story: AMX advertised, its probe passes (say), the build dies in its trial decode;
+    the next build, without AMX, runs and is the one installed and recorded."""
+    built, installed = [], []
+    monkeypatch.setattr(build, "CACHE", tmp_path / "wheels")
+    monkeypatch.setattr(build, "MARKER", tmp_path / "marker.json")
+    xeon = build.cpu_flags(XEON)
+    monkeypatch.setattr(build, "cpu_flags", lambda text: xeon)
+    monkeypatch.setattr(build, "amx_runs", lambda flags: (True, "AMX tile instructions ran"))
+
+    def fake_build(options, python):
+        built.append(options)
+        wheel = tmp_path / "wheels" / build.key(options) / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
+        wheel.parent.mkdir(parents=True)
+        wheel.touch()
+        return wheel
+
+    monkeypatch.setattr(build, "build", fake_build)
+    monkeypatch.setattr(build, "install", lambda wheel, python: installed.append(wheel.parent.name))
+    monkeypatch.setattr(build.subprocess, "run", lambda *a, **k: None)  # the uninstall of a failed build
+    trial = iter([(False, "the test decode was killed by SIGILL: tilezero"), (True, "decoded 8 tokens")])
+    monkeypatch.setattr(build, "library_runs", lambda python: next(trial))
+    assert build.main() == 0
+    assert [set(o) & set(build.AMX) for o in built] == [set(build.AMX), set()]
+    marker = json.loads((tmp_path / "marker.json").read_text())
+    assert (
+        marker == {"wanted": build.key(built[0]), "installed": build.key(built[1])}
+        and installed[-1] == marker["installed"]
+    )
+    failed = json.loads((tmp_path / "wheels" / build.key(built[0]) / "BUILD.json").read_text())
+    assert failed["runs_here"] is False and "SIGILL" in failed["probe"] and failed["amx"] == "AMX tile instructions ran"

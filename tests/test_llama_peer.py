@@ -4,17 +4,18 @@ the bench as a peer with its threads on the machine line; where it cannot run (l
 not installed, a model without a GGUF) the benchmarks skip it with one line.
 
 The real runs need llama-cpp-python (`bash scripts/setup.sh --llama`, which .ci/run does);
-skipped without it except in CI, where a missing install is a failure."""
+skipped without it except in CI, where a missing install is a failure (tests/optional.py). They
+run llama.cpp in its worker process, as the benchmarks do (tests/test_native_peers.py: its crashes)."""
 
 import importlib.util
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from optional import require
 
 from mtp_viz import llama_peers
 from mtp_viz.bench import BenchPrompt, load_suite, results_table, run_bench, save
@@ -96,10 +97,7 @@ def test_engine_benchmark_skips_llama_cpp_with_one_line(use_tiny_registry, monke
 
 @pytest.fixture(scope="module")
 def smol():
-    if importlib.util.find_spec("llama_cpp") is None:
-        if os.environ.get("CI"):
-            pytest.fail("llama-cpp-python is missing in CI: .ci/run must run scripts/setup.sh --llama")
-        pytest.skip(f"llama-cpp-python not installed here ({llama_peers.INSTALL})")
+    require(importlib.util.find_spec("llama_cpp") is not None, "llama-cpp-python", llama_peers.INSTALL)
     return load_model(MODEL)
 
 

@@ -5,11 +5,11 @@ prompts at concurrency 2 become valid traces whose counts match the responses an
 Needs .venv-vllm (`bash scripts/setup.sh --vllm`, which .ci/run does); skipped without it except
 in CI, where a missing install is a failure."""
 
-import os
 import socket
 
 import psutil
 import pytest
+from optional import require
 
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.serving.backend import open_server, plan, prompt_ids
@@ -36,10 +36,7 @@ REQUEST = RunRequest(
 
 @pytest.fixture(scope="module")
 def served():
-    if not (VLLM_VENV / "bin" / "python").is_file():
-        if os.environ.get("CI"):
-            pytest.fail(".venv-vllm is missing in CI: .ci/run must run scripts/setup.sh --vllm")
-        pytest.skip("vLLM not installed here (bash scripts/setup.sh --vllm)")
+    require((VLLM_VENV / "bin" / "python").is_file(), "vLLM (.venv-vllm)", "bash scripts/setup.sh --vllm")
     p = plan(REQUEST)
     with open_server(p) as server:
         pids = [server.process.pid] + [c.pid for c in psutil.Process(server.process.pid).children(recursive=True)]
