@@ -6,6 +6,8 @@
 # `bash scripts/setup.sh --vllm` creates .venv-vllm instead: the vLLM server mtp-viz starts and
 # talks to over HTTP (its pins differ from ours, so it never shares .venv).
 #
+# `bash scripts/setup.sh --browser` installs Debian's chromium for the browser tests (as root).
+#
 # `bash scripts/setup.sh --llama` adds llama-cpp-python to .venv: llama.cpp, the benchmarks'
 # optional CPU peer on the same GGUF (its pins fit ours), built for this CPU and tried before kept.
 set -euo pipefail
@@ -31,6 +33,15 @@ if [ "${1:-}" = "--vllm" ]; then
         .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
     fi
     .venv-vllm/bin/python -c "import vllm; print('vLLM', vllm.__version__, 'in .venv-vllm')"
+    exit 0
+fi
+
+if [ "${1:-}" = "--browser" ]; then
+    # Debian's chromium, which the browser tests drive with Playwright (never a browser download).
+    if ! command -v chromium >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    fi
+    chromium --version
     exit 0
 fi
 
