@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module", autouse=True)
 def browser_installed():
     """Checked before the app is served (autouse fixtures come first)."""
-    require(shutil.which(CHROMIUM) is not None, f"Debian's chromium ({CHROMIUM})", "apt-get install chromium")
+    require(shutil.which(CHROMIUM) is not None, f"Debian's chromium ({CHROMIUM})", "bash scripts/setup.sh --browser")
     require(importlib.util.find_spec("playwright") is not None, "Playwright", "bash scripts/setup.sh")
 
 
