@@ -90,7 +90,7 @@ class RowPlan:
     def __call__(self, product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """product(x) for x (M, in), computed as this plan groups the rows: (M, out)."""
         rows = x.shape[0]
-        if rows > MAX_ROWS or (rows >= self.pad_to and (self.chunk is None or rows <= self.chunk)):
+        if rows == 0 or rows > MAX_ROWS or (rows >= self.pad_to and (self.chunk is None or rows <= self.chunk)):
             return product(x)
         step = self.chunk or rows
         parts = []
