@@ -223,8 +223,8 @@ class LeanModel:
         exact_from (eager only): rows at slots from there on attend one at a time (RowKeys), so each
         computes what a one-token forward computes; rows before it (a prompt but its last token) run
         first, batched. A strategy's target passes the prompt's length − 1: its verify rows then
-        equal autoregressive decoding's steps bit for bit where the linear products are row-invariant
-        (every format but fp32, whose BLAS products differ by ~1e-6 with the row count). `loose`:
+        equal autoregressive decoding's steps bit for bit where the linear products are row-invariant,
+        which each format's row plan, measured on this machine, sees to (mtp_viz.row_plan). `loose`:
         rows (indices into hidden) whose result decides nothing, attending batched all the same."""
         s = hidden.shape[0]
         end = start + s

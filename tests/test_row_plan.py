@@ -65,6 +65,11 @@ def test_row_plans_pad_and_chunk_the_calls_and_keep_the_rows():
     assert torch.equal(RowPlan(4)(product, x[:1]), x[:1] * 2) and calls == [4]
     calls.clear()
     assert torch.equal(RAW_ROWS(product, x), x * 2) and calls == [7]
+    calls.clear()
+    assert RowPlan(4, 4)(product, x[:0]).shape == (0, 3) and calls == [0]  # an empty call runs as it comes
+    calls.clear()
+    many = torch.randn(65, 3)  # beyond MAX_ROWS (prefill, training): as it comes
+    assert torch.equal(RowPlan(4, 4)(product, many), many * 2) and calls == [65]
 
 
 def test_a_row_count_dependent_product_is_named_and_made_exact(cache, monkeypatch):
