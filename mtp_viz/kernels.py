@@ -111,7 +111,7 @@ class RowPlan:
         else:
             text = f"padded to {self.pad_to}, in chunks of {self.chunk}"
             text = text if self.pad_to > 1 else f"{self.chunk} rows a call"
-        return text if self.exact else f"{text}, not row-invariant here ({self.why})"
+        return text if self.exact else f"{text}; not lossless on this machine ({self.why})"
 
 
 RAW_ROWS = RowPlan()  # every call as it comes

@@ -241,7 +241,7 @@ def applied(model: nn.Module) -> dict[str, RowPlan]:
 
 
 def describe(model: nn.Module) -> str:
-    """ "rows: q4 as is; fp32 padded to 4, in chunks of 4" or with "… not row-invariant here (…)": for the trace."""
+    """ "rows: q4 as is; fp32 padded to 4, in chunks of 4" or "…; not lossless on this machine (…)": for the trace."""
     plans = applied(model)
     return "rows: " + "; ".join(f"{fmt} {p.describe()}" for fmt, p in plans.items()) if plans else ""
 

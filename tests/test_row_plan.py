@@ -107,8 +107,8 @@ def test_a_product_no_plan_makes_exact_is_not_lossless_and_says_so(cache, use_ti
     )  # not even itself
     assert not applied(loaded.model)[INT8].exact
     trace = run(RunRequest(prompt="the cat", model="tiny", weights=INT8, generation=GenerationSettings(4)))
-    assert "int8 as is, not row-invariant here (int8 " in trace.machine["linear"]
-    assert "not row-invariant here" in describe(trace.machine)  # what `run` prints and the UI shows
+    assert "int8 as is; not lossless on this machine (int8 " in trace.machine["linear"]
+    assert "not lossless on this machine" in describe(trace.machine)  # what `run` prints and the UI shows
     # auto does not take it, however fast and close to fp32 it is
     steady = [1.0, 1.0, 1.01, 0.99, 1.0]
     times = {FP32: [30 * t for t in steady], INT8: [10 * t for t in steady], BF16: [20 * t for t in steady]}
