@@ -25,6 +25,7 @@ from mtp_viz.paths import cache_root
 from mtp_viz.profile import Cancelled, profile
 from mtp_viz.quality import verdicts
 from mtp_viz.registry import load_registry
+from mtp_viz.row_plan import plan_rows
 from mtp_viz.runner import Run, RunRequest, coerce, settings_of
 from mtp_viz.serving.backend import run_vllm
 from mtp_viz.strategies import get_strategy
@@ -376,6 +377,7 @@ def remeasure_linear_plan(model: str | None = None) -> Iterator[str]:
             except Stopped:
                 return None
             use_fast_linears(loaded.model, tune(loaded.model))  # what it cached, unless MTP_VIZ_LINEAR forces one
+            plan_rows(loaded.model, BY_APP)  # the fp32 row plan was probed on the old path: again on this one
             return result
 
     result = yield from in_background(measure, lambda: f"Timing the linear kernels: round {rounds[0]}…")
