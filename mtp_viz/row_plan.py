@@ -10,9 +10,10 @@ product the forward calls (fused q|k|v and gate|up, o, down, the head; one per f
 and every row count a strategy verifies (PROBED_ROWS), every row of an M-row call must equal, bit
 for bit, that row computed as the one-token forward computes it. The candidates (CANDIDATES,
 cheapest first: pad short calls with zero rows, split long ones into chunks) are probed until
-TIMED of them are exact; of those the first is chosen unless another is faster by the kernel
-plan's MARGIN over a one-token and a 4-row pass of the model's products, and the costs are
-recorded beside the kernel's own way's (the raw calls). Where none is exact the
+TIMED of them are exact; of those the first is chosen unless another is faster over a one-token
+and a 4-row pass of the model's products, clearly (by the kernel plan's rules: MARGIN in the
+median, WIN_SHARE of the rounds, steady ones), and the costs are recorded beside those of the
+calls as they come. Where none is exact the
 format is not lossless here: its plan says so and where a row parts, the trace's machine line
 (`linear`) and `tune` print it, and `auto` (mtp_viz.weights_auto) does not choose the format.
 
@@ -33,7 +34,17 @@ from torch import nn
 
 from mtp_viz.kernels import MAX_ROWS, RAW_ROWS, FastLinear, RowPlan, fast_linear
 from mtp_viz.lean import lean_model
-from mtp_viz.linear_plan import BY_LOAD, MARGIN, load_average, plan_path, raw_record, write_section
+from mtp_viz.linear_plan import (
+    BY_LOAD,
+    MARGIN,
+    MAX_SPREAD,
+    WIN_SHARE,
+    load_average,
+    plan_path,
+    raw_record,
+    spread,
+    write_section,
+)
 from mtp_viz.machine import machine_info
 from mtp_viz.projections import Concat, FusedLinear, StackedLoRA, base_linear, plan_of_linear
 from mtp_viz.weights import COMPUTE, FP32, FormatLinear
@@ -118,11 +129,11 @@ def probe(fmt: str, found: list, plan: RowPlan, rows=PROBED_ROWS) -> str | None:
     return None
 
 
-def timed(found: list, plans: list[RowPlan]) -> dict[RowPlan, dict[int, float]]:
-    """Median seconds of one pass over every product, per plan and row count in COST_ROWS
-    (interleaved rounds, which plan goes first rotating)."""
+def timed(found: list, plans: list[RowPlan]) -> dict[RowPlan, dict[int, list[float]]]:
+    """Seconds of one pass over every product, per plan and row count in COST_ROWS, round by
+    round (interleaved: which plan goes first rotates; round 0 warms up and is dropped)."""
     inputs = {(s[1], r, dtype): torch.randn(r, s[1]).to(dtype) for s, _, dtype, _ in found for r in COST_ROWS}
-    times: dict[tuple[RowPlan, int], list[float]] = {(p, r): [] for p in plans for r in COST_ROWS}
+    times: dict[RowPlan, dict[int, list[float]]] = {p: {r: [] for r in COST_ROWS} for p in plans}
     with torch.inference_mode():
         for round_ in range(ROUNDS + 1):
             for p in plans[round_ % len(plans) :] + plans[: round_ % len(plans)]:
@@ -131,8 +142,8 @@ def timed(found: list, plans: list[RowPlan]) -> dict[RowPlan, dict[int, float]]:
                     for shape, product, dtype, _ in found:
                         p(product, inputs[shape[1], r, dtype])
                     if round_:
-                        times[p, r].append(time.perf_counter() - start)
-    return {p: {r: statistics.median(times[p, r]) for r in COST_ROWS} for p in plans}
+                        times[p][r].append(time.perf_counter() - start)
+    return times
 
 
 def measure(fmt: str, found: list, rows=PROBED_ROWS, by: str = BY_LOAD) -> dict:
@@ -147,7 +158,7 @@ def measure(fmt: str, found: list, rows=PROBED_ROWS, by: str = BY_LOAD) -> dict:
     exact = [p for p, f in failures.items() if f is None]
     costs = timed(found, list(dict.fromkeys([RAW_ROWS, *exact])))
     if exact:
-        chosen = cheapest(exact, {p: sum(c.values()) for p, c in costs.items()})
+        chosen = cheapest(exact, {p: [sum(t) for t in zip(*c.values(), strict=True)] for p, c in costs.items()})
     else:
         chosen = RowPlan(exact=False, why=failures[RAW_ROWS] or "")
     return {
@@ -157,7 +168,9 @@ def measure(fmt: str, found: list, rows=PROBED_ROWS, by: str = BY_LOAD) -> dict:
         "shapes": shapes(found),
         "probed_rows": list(rows),
         "tried": {p.describe(): f or "exact" for p, f in failures.items()},
-        "cost_ms": {p.describe(): {str(r): round(t * 1e3, 3) for r, t in c.items()} for p, c in costs.items()},
+        "cost_ms": {
+            p.describe(): {str(r): round(statistics.median(t) * 1e3, 3) for r, t in c.items()} for p, c in costs.items()
+        },
         "measured_at": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
         "by": by,
         "machine": machine_info("cpu"),
@@ -166,12 +179,17 @@ def measure(fmt: str, found: list, rows=PROBED_ROWS, by: str = BY_LOAD) -> dict:
     }
 
 
-def cheapest(exact: list[RowPlan], cost: dict[RowPlan, float]) -> RowPlan:
+def cheapest(exact: list[RowPlan], rounds: dict[RowPlan, list[float]]) -> RowPlan:
     """The first exact plan (CANDIDATES' order: least padding first), unless a later one is faster
-    by MARGIN (a noisy timing does not trade a plan for another)."""
+    by MARGIN in the median and in WIN_SHARE of the paired rounds, both steady (spread at most
+    MAX_SPREAD): a busy machine's timings do not trade a plan for another (seen here: a burst made
+    int8's calls as they come 80 ms against 21 ms padded, medians of interleaved rounds)."""
     best = exact[0]
     for p in exact[1:]:
-        if cost[p] < (1 - MARGIN) * cost[best]:
+        base, other = rounds[best], rounds[p]
+        wins = sum(o < b for o, b in zip(other, base, strict=True)) / len(base)
+        steady = spread(base) <= MAX_SPREAD and spread(other) <= MAX_SPREAD
+        if steady and wins >= WIN_SHARE and statistics.median(other) < (1 - MARGIN) * statistics.median(base):
             best = p
     return best
 
@@ -192,17 +210,25 @@ def row_plans(model: nn.Module, by: str = BY_LOAD, again: bool = False, write: b
     cached = raw_record(path).get(SECTION, {})
     out = {}
     for fmt, found in products(model).items():
-        entry = cached.get(fmt)
+        key = entry_key(fmt, found)
+        entry = cached.get(key)
         if again or not _good(entry, found):
             if not again:
                 log.warning("checking that %s products are row-invariant on this machine (once)", fmt)
             entry = measure(fmt, found, by=by)
             if write:
-                write_section(path, SECTION, fmt, entry)
+                write_section(path, SECTION, key, entry)
             if not entry["plan"]["exact"]:
                 log.warning("%s is not lossless on this machine: %s", fmt, entry["plan"]["why"])
         out[fmt] = entry
     return out
+
+
+def entry_key(fmt: str, found: list) -> str:
+    """Where a format's row plan sits in the record: "q4", or "fp32 (fast 1-2→2, …)": float32's
+    under each kernel plan it was probed on (`tune` loads on the stock path, then measures)."""
+    kernels = sorted({kernel for *_, kernel in found if kernel})
+    return f"{fmt} ({'; '.join(kernels)})" if kernels else fmt
 
 
 def _good(entry: dict | None, found: list) -> bool:
