@@ -100,7 +100,7 @@ def products(model: nn.Module) -> Products:
         parts = [leaf for p in projections for leaf in _leaves(p)]
         parts.append(base_linear(lean.head))
     else:
-        parts = [m for m in model.modules() if isinstance(m, nn.Linear) and "lora_" not in type(m).__name__]
+        parts = [m for name, m in model.named_modules() if isinstance(m, nn.Linear) and "lora_" not in name]
     found: Products = {}
     for fmt, made in filter(None, map(_product, parts)):
         found.setdefault(fmt, []).append(made)
@@ -116,7 +116,8 @@ def first_failure(product: Product, inputs: int, dtype: torch.dtype, plan: RowPl
 
 
 def probe(fmt: str, found: list, plan: RowPlan, rows=PROBED_ROWS) -> str | None:
-    """Why `plan` is not exact for these products ("bf16 960x576: a row of a 17-row call ≠ …"), or None."""
+    """Why `plan` is not exact for these products ("bf16 576x1536: a row of a 10-row product differs
+    from the one-token product": the first shape and row count that part), or None."""
     seen: set[tuple[int, int]] = set()
     for shape, product, dtype, _ in found:
         if shape in seen:
