@@ -45,6 +45,10 @@ def test_auto_measures_once_records_why_and_reuses_it(use_tiny_registry, tmp_pat
     assert data["chosen"] == chosen and set(data["formats"]) == {FP32, BF16, INT8, Q4}
     assert all(0.0 <= data["formats"][f]["agreement"] <= 1.0 for f in (BF16, INT8, Q4))
     assert data["load_average"] is not None and data["formats"][FP32]["forward_ms"] > 0
+    # each format's row plan as measured when it loaded: lossless here (tests/test_row_plan.py: when not)
+    assert all(
+        data["formats"][f]["lossless"] and data["formats"][f]["rows"].startswith("rows: ") for f in data["formats"]
+    )
 
     def fail(_load):
         raise AssertionError("measured twice")
