@@ -90,28 +90,12 @@ def test_connecting_to_a_server_of_another_model_is_refused(fake_vllm, tmp_path)
         VLLMServer.connect(server.url, "tiny")
 
 
-def test_sigterm_to_the_parent_stops_the_server(fake_vllm, tmp_path):
-    """A process holding a server that is told to terminate stops the server on its way out."""
-    script = textwrap.dedent(
-        f"""
-        import sys, time
-        from mtp_viz.serving.server import ServerConfig, VLLMServer
-        with VLLMServer.start(ServerConfig(model_dir={str(tmp_path)!r}, served_name="tiny")):
-            print("ready", flush=True)
-            time.sleep(600)
-        """
-    )
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=os.environ)
-    assert parent.stdout.readline().strip() == "ready"
-    pids = json.loads(fake_vllm.read_text())
-    parent.send_signal(signal.SIGTERM)
-    assert parent.wait(30) == 128 + signal.SIGTERM
-    assert gone(pids)
-
-
-def test_sigkill_to_the_parent_still_stops_the_server(fake_vllm, tmp_path):
-    """Killed with SIGKILL, the parent runs no code at all: the guard the server runs under
-    (mtp_viz.child) sees it gone and stops the server's process group."""
+@pytest.mark.parametrize(
+    ("sig", "parent_status"), [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)]
+)
+def test_a_parent_told_to_terminate_or_killed_leaves_no_server(fake_vllm, tmp_path, sig, parent_status):
+    """SIGTERM: the parent stops the server on its way out. SIGKILL: the parent runs no code at
+    all; the guard the server runs under (mtp_viz.child) sees it gone and stops the server's group."""
     script = textwrap.dedent(
         f"""
         import time
@@ -123,11 +107,10 @@ def test_sigkill_to_the_parent_still_stops_the_server(fake_vllm, tmp_path):
     )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=os.environ)
     assert parent.stdout.readline().strip() == "ready"
-    pids = json.loads(fake_vllm.read_text())
-    guard = psutil.Process(parent.pid).children()
-    parent.kill()
-    assert parent.wait(30) == -signal.SIGKILL
-    assert gone(pids + [g.pid for g in guard], timeout=30), "the server outlived a parent killed with SIGKILL"
+    pids = json.loads(fake_vllm.read_text()) + [g.pid for g in psutil.Process(parent.pid).children()]
+    parent.send_signal(sig)
+    assert parent.wait(30) == parent_status
+    assert gone(pids, timeout=30), f"the server outlived a parent sent {sig.name}"
 
 
 def test_a_server_killed_by_a_signal_says_which(fake_vllm, tmp_path, monkeypatch):
