@@ -69,6 +69,9 @@ if [ -z "$DRY_RUN" ]; then
         "$PY" -m pip install -q --no-index --no-deps --find-links "$WHEELS" "$WHEELS"/*.whl >"$OUT/install.log" 2>&1
     fi
     "$PY" -m pip install -q --no-deps -e . >>"$OUT/install.log" 2>&1
+    # pyproject's pytest options need these two plugins (-n, --timeout)
+    "$PY" -c "import xdist, pytest_timeout" 2>/dev/null || "$PY" -m pip install -q \
+        ${WHEELS:+--find-links "$WHEELS"} pytest-xdist==3.8.0 pytest-timeout==2.4.0 >>"$OUT/install.log" 2>&1
     timeout 60 "$PY" - <<'PYEOF' >"$OUT/env.txt" 2>&1 || { cat "$OUT/env.txt"; echo "no usable CUDA torch"; exit 2; }
 import torch, transformers
 assert torch.cuda.is_available(), "CUDA is not available"
