@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import psutil
 import pytest
@@ -33,9 +34,11 @@ def test_started_server_answers_and_is_stopped_with_its_children(fake_vllm, tmp_
         pids = json.loads(fake_vllm.read_text())
         assert server.version == "fake" and server.alive
         assert all(psutil.pid_exists(p) for p in pids)
-        url = server.url
+        url, log = server.url, server.log
+        assert log.is_file()
     assert gone(pids), "the server or its engine process outlived the with block"
     assert port_free(url)
+    assert not log.parent.exists(), "a cleanly stopped server's log folder was left behind"
 
 
 def test_an_error_inside_the_block_still_stops_the_server(fake_vllm, tmp_path):
@@ -47,8 +50,9 @@ def test_an_error_inside_the_block_still_stops_the_server(fake_vllm, tmp_path):
 
 def test_a_server_that_dies_at_start_is_one_clear_error(fake_vllm, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_VLLM_MODE", "die")
-    with pytest.raises(ServerError, match="exited with status 1: ValueError: the model directory holds no config"):
+    with pytest.raises(ServerError, match="exited with status 1: ValueError: the model directory holds no config") as e:
         VLLMServer.start(config(tmp_path))
+    assert Path(str(e.value).rsplit("(log: ", 1)[1].rstrip(")")).is_file()  # kept: the error names it
     assert gone(json.loads(fake_vllm.read_text()))  # its engine child too
     assert not srv._RUNNING
 

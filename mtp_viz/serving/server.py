@@ -11,6 +11,7 @@ none of that runs: the server runs under mtp_viz.child's guard, which stops the 
 import atexit
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -150,7 +151,7 @@ class VLLMServer:
         try:
             server.wait_ready(progress, timeout_s, cancelled)
         except BaseException:
-            server.stop()
+            server.stop(keep_log=True)  # the error names the log
             raise
         return server
 
@@ -231,13 +232,20 @@ class VLLMServer:
     def alive(self) -> bool:
         return self.process is None or self.process.poll() is None
 
-    def stop(self) -> None:
-        """Stop the server and every process it started (its process group and descendants)."""
+    def stop(self, keep_log: bool = False) -> None:
+        """Stop the server and every process it started (its process group and descendants); its
+        log folder goes too unless asked to keep it (a failed start's error names the log)."""
         process, self.process = self.process, None
         _RUNNING.discard(self)
         self._restore_sigterm()
         if process is None:
             return
+        self._stop_processes(process)
+        if self.log is not None and not keep_log:
+            shutil.rmtree(self.log.parent, ignore_errors=True)
+
+    @staticmethod
+    def _stop_processes(process: subprocess.Popen) -> None:
         try:
             children = psutil.Process(process.pid).children(recursive=True)
         except psutil.Error:
