@@ -6,6 +6,7 @@ their absence fails (tests/optional.py)."""
 import importlib.util
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -183,6 +184,20 @@ WIDE_HTML_JS = """() => Array.from(document.querySelectorAll('.mv-detail'))
 TABS = ("Explore", "Compare", "Theory", "Benchmark", "Deploy?")
 
 
+def _settled_figures(page, timeout_s: float = 30.0) -> list:
+    """The tab's figures once laid out: drawn, and the same in two looks a frame batch apart
+    (plotly lays a plot out again after its tab shows)."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        figures = page.evaluate(FIGURES_JS)
+        if figures and figures == last:
+            return figures
+        last = figures
+        page.wait_for_timeout(400)
+    return last or []
+
+
 @pytest.mark.parametrize("width", [1400, 900])
 def test_every_tab_is_readable_after_a_run(page, width):
     """A laptop and a projector: after a run, every tab's figures fit their frames and the page,
@@ -199,8 +214,7 @@ def test_every_tab_is_readable_after_a_run(page, width):
             page.wait_for_selector("#mv-verdicts li", timeout=90_000)
         if tab == "Deploy?":
             page.wait_for_selector("#mv-deploy-load .js-plotly-plot", timeout=60_000)
-        page.wait_for_timeout(1500)  # plots lay out after the tab shows
-        figures = page.evaluate(FIGURES_JS)
+        figures = _settled_figures(page)
         assert figures, f"{tab}: no figure drawn"
         for f in figures:
             assert f["right"] <= min(f["frameRight"], f["page"]) + 2 and f["left"] >= f["frameLeft"] - 2, (tab, f)
