@@ -30,12 +30,13 @@ THIS_MACHINE = "this machine (measured in the Theory tab)"
 
 
 def profiles() -> dict[str, Path]:
-    """Profiles with B × k timings: the shipped ones, and this machine's once measured."""
+    """The shipped profiles and this machine's once measured, those with B × k timings first, so
+    the tab opens on one that draws the prediction under load."""
     found = dict(shipped_profiles())
     mine = service.machine_profile_path()
     if mine.is_file():
         found[THIS_MACHINE] = mine
-    return found
+    return dict(sorted(found.items(), key=lambda item: read_batch_profile(item[1])[0] is None))
 
 
 SERVING_COLUMNS = ["strategy", "concurrency", "tokens_per_s", "speedup", "predicted_speedup", "prediction_error"]

@@ -72,15 +72,16 @@ def first_look_note(name: str, trace: Trace) -> str:
 def render(trace: Trace, baselines: dict[str, float]):
     """Everything the tab shows for a finished (or uploaded) trace."""
     last = max(0, len(trace.steps) - 1)
+    first = next((i for i, step in enumerate(trace.steps) if step.drafted), 0)  # the replay opens on a decision
     return (
-        tokens_html(trace.steps, selected=0),
+        tokens_html(trace.steps, selected=first),
         summary_html(trace, baselines.get(service.baseline_key(trace))),
         figures.step_timeline(trace),
         figures.position_acceptance(trace),
         figures.accepted_length_histogram(trace),
-        gr.Slider(minimum=0, maximum=max(1, last), value=0, step=1, interactive=last > 0),  # a slider needs max > min
-        step_detail_html(trace, 0) if trace.steps else "",
-        figures.step_probabilities(trace, 0) if trace.steps else None,
+        gr.Slider(minimum=0, maximum=max(1, last), value=first, step=1, interactive=last > 0),  # needs max > min
+        step_detail_html(trace, first) if trace.steps else "",
+        figures.step_probabilities(trace, first) if trace.steps else None,
         service.trace_file(trace),
         trace,
     )
