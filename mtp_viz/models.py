@@ -364,7 +364,8 @@ def linear_path(loaded: LoadedModel) -> str:
         if loaded.device.type == "cpu" and loaded.model.dtype == torch.float32
         else None
     )
-    rows = f"; {describe_rows(loaded.model)}" if describe_rows(loaded.model) else ""
+    rows = describe_rows(loaded.model)
+    rows = f"; {rows}" if rows else ""
     if loaded.weights != FP32:
         return f"{loaded.weights} weight-only kernels; head {plan or 'F.linear'}{rows}"
     return (plan or "F.linear") + rows
