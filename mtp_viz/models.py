@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from mtp_viz.drafters.draft import load_draft
+from mtp_viz.drafters.eagle3 import Eagle3Drafter, load_eagle3
 from mtp_viz.drafters.heads import MTPHeads, load_heads
 from mtp_viz.drafters.mask import load_mask_model
 from mtp_viz.errors import IncompatibleDraftError, UnknownModelError, UserError
@@ -32,7 +33,7 @@ from mtp_viz.gguf_codes import cached_q4_codes
 from mtp_viz.kernels import plan_of, use_fast_linears
 from mtp_viz.linear_plan import tune
 from mtp_viz.paths import cache_root
-from mtp_viz.registry import ModelEntry, Source, load_registry
+from mtp_viz.registry import Eagle3Entry, ModelEntry, Source, load_registry
 from mtp_viz.row_plan import describe as describe_rows
 from mtp_viz.row_plan import plan_rows
 from mtp_viz.weights import AUTO, FP32, Q4, Q4Codes, apply_format, check_format, format_of
@@ -328,6 +329,70 @@ def load_heads_for(target: LoadedModel, heads: str | None = None) -> tuple[str, 
 @cache
 def _heads_cached(target: LoadedModel, path: str) -> MTPHeads:
     return apply_format(load_heads(target.model, Path(path)), target.weights)  # the target's format
+
+
+TRAIN_EAGLE3 = "python -m mtp_viz train eagle"
+EAGLE3_FILES = ("config.json", "*.safetensors", "*.bin")  # what a hub checkpoint's download fetches
+
+
+def load_eagle3_for(target: LoadedModel, eagle3: str | None = None) -> tuple[str, Eagle3Drafter]:
+    """The named EAGLE-3 drafter (registry id or a checkpoint directory), or the target's first
+    registered one, on the target's device, sharing its token embedding (cached per target)."""
+    registry = load_registry()
+    if eagle3 is None:
+        entry = registry.models.get(target.name)
+        if entry is None or not entry.eagle3:
+            raise UserError(f"no EAGLE-3 drafter registered for {target.name}; train one with {TRAIN_EAGLE3}")
+        eagle3 = entry.eagle3[0]
+    if eagle3 in registry.eagle3:
+        drafter = registry.get_eagle3(eagle3)
+        if drafter.base != target.name:
+            raise UserError(f"EAGLE-3 drafter {eagle3} was trained for {drafter.base}, not {target.name}")
+    elif Path(eagle3).is_dir():
+        drafter = Eagle3Entry(eagle3, eagle3, target.name, path=eagle3)
+    else:
+        registry.get_eagle3(eagle3)  # raises with the list of known drafters
+        raise AssertionError("unreachable")
+    with _load_lock:
+        return eagle3, _eagle3_cached(target, drafter)
+
+
+def eagle3_dir(entry: Eagle3Entry) -> Path:
+    """Where a registered drafter's checkpoint lies (a hub repo is downloaded once, when reachable)."""
+    if entry.repo is not None:
+        if not hub_reachable():
+            raise UserError(f"EAGLE-3 drafter {entry.id} lives on the Hugging Face Hub ({entry.repo}), not reachable")
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(entry.repo, allow_patterns=list(EAGLE3_FILES)))
+    path = Path(entry.path)
+    if not (path / "config.json").is_file():
+        raise UserError(
+            f"EAGLE-3 drafter {entry.id} is registered at {path}, which holds no checkpoint yet; "
+            f"train it with {TRAIN_EAGLE3}"
+        )
+    return path
+
+
+@cache
+def _eagle3_cached(target: LoadedModel, entry: Eagle3Entry) -> Eagle3Drafter:
+    embed = target.model.get_input_embeddings()
+    layers = target.model.config.num_hidden_layers
+    dtype = target.model.dtype if target.device.type != "cpu" else torch.float32  # the target's float dtype on GPU
+    drafter = load_eagle3(eagle3_dir(entry), embed=embed, target_layers=layers, dtype=dtype)
+    c, (vocab, hidden) = drafter.config, embed.weight.shape
+    problems = []
+    if c.vocab_size != vocab:
+        problems.append(f"vocabulary {c.vocab_size} (the target's: {vocab})")
+    if (c.target_hidden_size or c.hidden_size) != hidden:
+        problems.append(f"target hidden size {c.target_hidden_size or c.hidden_size} (the target's: {hidden})")
+    if not drafter.owns_embedding and c.hidden_size != hidden:
+        problems.append(f"hidden size {c.hidden_size} without its own embedding (the target's: {hidden})")
+    if max(c.aux_layer_ids) > layers:
+        problems.append(f"aux layers {list(c.aux_layer_ids)} (the target has {layers})")
+    if problems:
+        raise UserError(f"EAGLE-3 drafter {entry.id} does not fit {target.name}: {'; '.join(problems)}")
+    return drafter.to(target.device)
 
 
 def _from_dir(path: Path, device: torch.device, dtype: torch.dtype):

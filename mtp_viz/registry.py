@@ -35,6 +35,7 @@ class ModelEntry:
     heads: tuple[str, ...] = ()  # MTP heads trained for this model, best first
     mask_token_id: int | None = None  # mask-token MTP models (ConfAdapt): the id of their mask token
     mask_model: str | None = None  # this model's mask-token MTP model (a registry id), for mask strategies
+    eagle3: tuple[str, ...] = ()  # EAGLE-3 drafters for this model, best first
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,35 @@ class HeadsEntry:
 
 
 @dataclass(frozen=True)
+class Eagle3Entry:
+    """An EAGLE-3 drafter (mtp_viz.drafters.eagle3) for one registered base model: a checkpoint
+    directory (`path`, resolved against models.yaml's folder; it may not exist yet) or a Hugging
+    Face Hub repo (`repo`, fetched on first use when the hub is reachable)."""
+
+    id: str
+    label: str
+    base: str
+    path: str | None = None
+    repo: str | None = None
+
+    @property
+    def where(self) -> str:
+        return self.path or f"hub:{self.repo}"
+
+
+@dataclass(frozen=True)
 class Registry:
     models: dict[str, ModelEntry]
     defaults: dict[str, str]  # device type → model id
     heads: dict[str, HeadsEntry] = field(default_factory=dict)
+    eagle3: dict[str, Eagle3Entry] = field(default_factory=dict)
+
+    def get_eagle3(self, eagle3_id: str) -> Eagle3Entry:
+        try:
+            return self.eagle3[eagle3_id]
+        except KeyError:
+            known = ", ".join(self.eagle3) or "none"
+            raise UnknownModelError(f"unknown EAGLE-3 drafter {eagle3_id!r} (registered: {known})") from None
 
     def get_heads(self, heads_id: str) -> HeadsEntry:
         try:
@@ -92,6 +118,7 @@ def parse_registry(data: dict, base_dir: Path) -> Registry:
             heads=tuple(raw.get("heads", ())),
             mask_token_id=raw.get("mask_token_id"),
             mask_model=raw.get("mask_model"),
+            eagle3=tuple(raw.get("eagle3", ())),
         )
         models[entry.id] = entry
     heads = {}
@@ -100,6 +127,7 @@ def parse_registry(data: dict, base_dir: Path) -> Registry:
         if h.base not in models:
             raise ValueError(f"heads {h.id}: base {h.base!r} is not in the registry")
         heads[h.id] = h
+    eagle3 = {e.id: e for e in (_eagle3_entry(raw, models, base_dir) for raw in data.get("eagle3", ()))}
     for entry in models.values():
         for s in entry.sources:
             if s.kind == "early_exit" and (s.base not in models or not s.layers):
@@ -115,6 +143,11 @@ def parse_registry(data: dict, base_dir: Path) -> Registry:
         for h in entry.heads:
             if h not in heads:
                 raise ValueError(f"model {entry.id}: heads {h!r} are not in the registry")
+        for e in entry.eagle3:
+            if e not in eagle3:
+                raise ValueError(f"model {entry.id}: EAGLE-3 drafter {e!r} is not in the registry's eagle3 list")
+            if eagle3[e].base != entry.id:
+                raise ValueError(f"model {entry.id}: EAGLE-3 drafter {e!r} is registered for {eagle3[e].base}")
         for d in entry.drafts:
             if d not in models:
                 raise ValueError(f"model {entry.id}: draft {d!r} is not in the registry")
@@ -122,7 +155,20 @@ def parse_registry(data: dict, base_dir: Path) -> Registry:
     for device, model_id in defaults.items():
         if model_id not in models:
             raise ValueError(f"default for {device}: {model_id!r} is not in the registry")
-    return Registry(models, defaults, heads)
+    return Registry(models, defaults, heads, eagle3)
+
+
+def _eagle3_entry(raw: dict, models: dict[str, ModelEntry], base_dir: Path) -> Eagle3Entry:
+    name = raw.get("id")
+    if not name or not raw.get("base"):
+        raise ValueError(f"eagle3 entry {raw!r}: needs an id and a base")
+    if raw["base"] not in models:
+        raise ValueError(f"eagle3 {name}: base {raw['base']!r} is not in the registry")
+    if bool(raw.get("path")) == bool(raw.get("repo")):
+        given = "both a path and a repo" if raw.get("path") else "neither a path nor a repo"
+        raise ValueError(f"eagle3 {name}: {given}; give one (a checkpoint directory, or a hub repo id)")
+    path = str((base_dir / raw["path"]).resolve()) if raw.get("path") else None
+    return Eagle3Entry(name, raw.get("label", name), raw["base"], path, raw.get("repo"))
 
 
 @cache
