@@ -25,26 +25,31 @@ EPS = 1e-5
 
 
 def published_config() -> dict:
-    """config.json as the EAGLE authors publish theirs (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B's keys):
-    no layer ids, so vLLM falls back to its default for the target's depth."""
+    """config.json as the EAGLE authors publish theirs, key for key (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B;
+    SafeAILab/EAGLE eagle/traineagle3/config.json is its training copy), sizes shrunk: no layer ids
+    (vLLM and EAGLE both fall back to (2, L//2, L-3)) and no rope_theta (LlamaConfig's 10000, as both
+    read it)."""
     return {
         "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
         "hidden_act": "silu",
         "hidden_size": H,
+        "initializer_range": 0.02,
         "intermediate_size": INTER,
+        "max_position_embeddings": 64,
+        "model_type": "llama",
         "num_attention_heads": HEADS,
         "num_key_value_heads": KV,
         "num_hidden_layers": 1,
-        "max_position_embeddings": 64,
+        "pad_token_id": 0,
         "rms_norm_eps": EPS,
-        "rope_theta": 500000.0,
-        "vocab_size": V,
-        "draft_vocab_size": DRAFT_V,
         "tie_word_embeddings": False,
         "torch_dtype": "float16",
-        "bos_token_id": 1,
-        "eos_token_id": 2,
+        "transformers_version": "4.28.1",
+        "use_cache": True,
+        "vocab_size": V,
+        "draft_vocab_size": DRAFT_V,
     }
 
 
@@ -121,6 +126,7 @@ def test_published_checkpoint_loads_and_drafts_two_steps(tmp_path, embed, legacy
     drafter = load_eagle3(directory, embed=embed, target_layers=TARGET_LAYERS)
     assert drafter.config.aux_layer_ids == (2, 15, 27) == default_aux_layer_ids(TARGET_LAYERS)
     assert drafter.embed_tokens is embed and not drafter.owns_embedding
+    assert drafter.config.rope_theta == 10000.0 and drafter.config.head_dim == H // HEADS
 
     torch.manual_seed(2)
     features = torch.randn(1, 3 * H)  # the target's residual streams at the 3 layers, concatenated
@@ -140,6 +146,15 @@ def test_published_checkpoint_loads_and_drafts_two_steps(tmp_path, embed, legacy
     full = drafter.target_logits(logits2)
     assert full.shape == (1, V) and torch.equal(torch.isfinite(full[0]), drafter.t2d)
     assert torch.equal(full[0, USED], logits2[0])
+
+
+def test_a_published_checkpoint_with_its_own_embedding_uses_it(tmp_path, embed):
+    """Some published drafters carry `embed_tokens.weight` (yuhuili/EAGLE3-LLaMA3.3-Instruct-70B does,
+    per vLLM PR 28549); the 8B one does not and shares the target's."""
+    weights = published_weights() | {"embed_tokens.weight": torch.randn(V, H).half()}
+    drafter = load_eagle3(write_published(tmp_path / "c", weights), embed=embed, target_layers=TARGET_LAYERS)
+    assert drafter.owns_embedding and drafter.embed_tokens is not embed
+    assert torch.equal(drafter.embed_tokens.weight, weights["embed_tokens.weight"].float())
 
 
 def test_t2d_is_derived_when_a_checkpoint_omits_it(tmp_path, embed):

@@ -162,3 +162,27 @@ def test_a_hub_drafter_without_the_hub_is_a_clear_error(target, monkeypatch):
 def test_a_drafter_of_other_sizes_says_which_do_not_fit(target):
     with pytest.raises(UserError, match="t-wide does not fit t: target hidden size 48 \\(the target's: 32\\)"):
         load_eagle3_for(target, "t-wide")
+
+
+def test_a_hub_drafter_is_downloaded_once_reachable(target, tiny_root, monkeypatch):
+    import huggingface_hub
+
+    asked = []
+
+    def fake_download(repo, allow_patterns):  # the checkpoint "on the hub" is the tiny one
+        asked.append((repo, tuple(allow_patterns)))
+        return str(tiny_root / "eagle3" / "t")
+
+    monkeypatch.setattr(models, "hub_reachable", lambda: True)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    name, drafter = load_eagle3_for(target, "t-hub")
+    assert name == "t-hub" and drafter.config.draft_vocab_size == 8
+    assert asked == [("someone/EAGLE3-tiny", models.EAGLE3_FILES)]
+
+
+def test_the_published_llama_drafter_is_registered_for_its_target():
+    registry = _load(str(DEFAULT_REGISTRY))
+    target = registry.models["llama3.1-8b"]
+    assert target.eagle3 == ("llama3.1-8b-eagle3",)
+    assert [s.repo for s in target.sources] == ["meta-llama/Llama-3.1-8B-Instruct"]
+    assert registry.get_eagle3("llama3.1-8b-eagle3").repo == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
