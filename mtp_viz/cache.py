@@ -10,6 +10,9 @@ then extra tokens that see the sequence and only the extra tokens a visibility m
 a tree: their own ancestors, at position = the root's position + depth). `keep` then retains the
 key/values of the accepted tokens alone, so the cache again holds one plain sequence.
 
+An EAGLE-3 target goes through `forward_features`: the same forward, also returning the residual
+stream after chosen layers (its `taps`) at every row fed, the features its drafter reads.
+
 Two backends do the forward: the lean one (mtp_viz.lean: a preallocated cache, rollback is a
 length) for Llama-family models, and transformers' own decoder with its DynamicCache for any
 other architecture (or for every model with MTP_VIZ_ENGINE=transformers, to compare).
@@ -75,11 +78,18 @@ class LeanBackend:
         self.exact_from = exact_from
 
     def run(
-        self, ids: list[int], positions: list[int], past: int, allowed: torch.Tensor | None, loose: tuple[int, ...] = ()
-    ) -> torch.Tensor:
+        self,
+        ids: list[int],
+        positions: list[int],
+        past: int,
+        allowed: torch.Tensor | None,
+        loose: tuple[int, ...] = (),
+        taps: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         hidden = self.lean.embed(torch.tensor(ids, dtype=torch.long, device=self.lean.device))
         kv, exact = self.kv, self.exact_from
-        return self.lean.norm(self.lean.run(hidden, positions, kv, past, allowed, exact_from=exact, loose=loose))
+        out, tapped = self.lean.run_tapped(hidden, positions, kv, past, allowed, taps, exact_from=exact, loose=loose)
+        return self.lean.norm(out), torch.cat(tapped, -1) if taps else None
 
     def keep(self, start: int, rows: list[int]) -> None:
         self.kv.move(start, rows)
@@ -96,8 +106,14 @@ class TransformersBackend:
         self.cache = DynamicCache(config=model.config)
 
     def run(
-        self, ids: list[int], positions: list[int], past: int, allowed: torch.Tensor | None, loose: tuple[int, ...] = ()
-    ) -> torch.Tensor:
+        self,
+        ids: list[int],
+        positions: list[int],
+        past: int,
+        allowed: torch.Tensor | None,
+        loose: tuple[int, ...] = (),
+        taps: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         device = self.model.device
         out = self.model.get_decoder()(
             input_ids=torch.tensor([ids], dtype=torch.long, device=device),
@@ -105,8 +121,10 @@ class TransformersBackend:
             position_ids=torch.tensor([positions], dtype=torch.long, device=device),
             past_key_values=self.cache,
             use_cache=True,
+            output_hidden_states=bool(taps),
         )
-        return out.last_hidden_state[0]  # (S, H), after the final norm
+        features = torch.cat([out.hidden_states[k][0] for k in taps], -1) if taps else None
+        return out.last_hidden_state[0], features  # (S, H) after the final norm; (S, len(taps)·H)
 
     def keep(self, start: int, rows: list[int]) -> None:
         index = torch.tensor([start + r for r in rows], dtype=torch.long, device=self.model.device)
@@ -148,7 +166,7 @@ class CachedModel:
         assert new, "forward needs at least one token the cache has not seen"
         past, n = self.length, len(new)
         allowed = causal_after(past, n) if n > 1 else None
-        hidden = self.backend.run(new, list(range(past, past + n)), past, allowed)
+        hidden, _ = self.backend.run(new, list(range(past, past + n)), past, allowed)
         self.length = len(seq)
         self.forwards += 1
         return self._logits(hidden[-min(logits_to_keep, n) :])  # (logits_to_keep, V)
@@ -173,6 +191,30 @@ class CachedModel:
 
         The cache then also holds the extra tokens: call `keep` (or `rollback`) before the next forward.
         """
+        hidden, _ = self._extend(seq, extra, offsets, visibility, loose, ())
+        hidden = hidden[-1 - len(extra) :]  # (1+n, H)
+        return self._logits(hidden), hidden
+
+    @torch.inference_mode()
+    def forward_features(
+        self,
+        seq: list[int],
+        taps: tuple[int, ...],
+        extra: list[int] = (),
+        offsets: list[int] = (),
+        visibility: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward_hidden`'s forward for an EAGLE-3 target: logits (1 + n, V) as there, and the
+        residual stream after `taps` decoder layers each (id k: transformers' hidden_states[k], vLLM's
+        aux layer id k; 0 <= k < layers), concatenated in tap order, for EVERY row fed, seq's unseen
+        tokens then the extra ones: (c + n, len(taps)·H). The drafter reads each new position's."""
+        layers = self.model.config.num_hidden_layers
+        assert taps and all(0 <= k < layers for k in taps), f"taps {taps} must lie in 0..{layers - 1}"
+        hidden, features = self._extend(seq, extra, offsets, visibility, (), tuple(taps))
+        return self._logits(hidden[-1 - len(extra) :]), features
+
+    def _extend(self, seq, extra, offsets, visibility, loose, taps) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The forward of `forward_hidden`: final hidden states (c + n, H) and tapped features of every row fed."""
         chain = seq[self.length :]
         assert chain, "forward needs at least one token the cache has not seen"
         past, c, n = self.length, len(chain), len(extra)
@@ -186,10 +228,10 @@ class CachedModel:
         elif c > 1:
             allowed = causal_after(past, c)
         rows = tuple(c + i for i in loose)
-        hidden = self.backend.run(chain + list(extra), positions, past, allowed, rows)[c - 1 :]  # (1+n, H)
+        out = self.backend.run(chain + list(extra), positions, past, allowed, rows, taps)
         self.length = past + c + n
         self.forwards += 1
-        return self._logits(hidden), hidden
+        return out
 
     @torch.inference_mode()
     def forward_branches(
@@ -219,7 +261,7 @@ class CachedModel:
             allowed[row : row + n, : anchor + 1] = True
             allowed[row : row + n, past + row : past + row + n] = torch.ones(n, n, dtype=torch.bool).tril()
             row += n
-        hidden = self.backend.run(ids, positions, past, allowed)
+        hidden, _ = self.backend.run(ids, positions, past, allowed)
         self.length = past + total
         self.forwards += 1
         return self._logits(torch.cat([hidden[c - logits_to_keep : c], hidden[c:]]))

@@ -226,18 +226,37 @@ class LeanModel:
         equal autoregressive decoding's steps bit for bit where the linear products are row-invariant,
         which each format's row plan, measured on this machine, sees to (mtp_viz.row_plan). `loose`:
         rows (indices into hidden) whose result decides nothing, attending batched all the same."""
+        return self.run_tapped(hidden, positions, kv, start, allowed, (), layers, exact_from, loose)[0]
+
+    def run_tapped(
+        self,
+        hidden: torch.Tensor,
+        positions: list[int],
+        kv: StaticKV,
+        start: int,
+        allowed: torch.Tensor | None,
+        taps: tuple[int, ...],
+        layers: tuple[int, int] | None = None,
+        exact_from: int | None = None,
+        loose: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """`run`, also returning the residual stream after each of `taps` layers (transformers'
+        hidden_states[k]; an EAGLE-3 drafter's features): (S, H) each, in tap order. The layer loop
+        runs in segments between the taps, over the same mask and cache, so each row computes what
+        it computes untapped (bit for bit) and a run without taps is one `loop` call as before."""
         s = hidden.shape[0]
         end = start + s
         exact = exact_from is not None and not self.compiled
         if exact and start < exact_from < end:  # the prompt's prefill first, batched
             m = exact_from - start
             seen = None if allowed is None else allowed[:m, : start + m]
-            done = self.run(hidden[:m], positions[:m], kv, start, seen, layers)
+            done, done_taps = self.run_tapped(hidden[:m], positions[:m], kv, start, seen, taps, layers)
             rest = None if allowed is None else allowed[m:]
             later = tuple(i - m for i in loose if i >= m)
-            return torch.cat(
-                [done, self.run(hidden[m:], positions[m:], kv, exact_from, rest, layers, exact_from, later)]
+            out, out_taps = self.run_tapped(
+                hidden[m:], positions[m:], kv, exact_from, rest, taps, layers, exact_from, later
             )
+            return torch.cat([done, out]), [torch.cat(pair) for pair in zip(done_taps, out_taps, strict=True)]
         kv.ensure(end)
         first, last = layers or (0, len(self.blocks))
         # compiled: attend over the whole capacity, so shapes stay fixed and one graph serves every step
@@ -248,14 +267,20 @@ class LeanModel:
             mask = visibility(allowed, s, end, width, self.device)
         slots = torch.arange(start, end, device=self.device)
         loop = self.graph if self.compiled else self.loop
+        rope, adapted = self.rotary(positions), self.adapters_on()
+        assert all(first <= k <= last for k in taps), f"taps {taps} outside layers {first}..{last}"
+        bounds = sorted({first, last, *taps})
+        after = {first: hidden}  # layer count → the residual stream after it
         try:
-            return loop(hidden, self.rotary(positions), slots, kv.data, mask, width, first, last, self.adapters_on())
+            for a, b in zip(bounds, bounds[1:], strict=False):
+                after[b] = loop(after[a], rope, slots, kv.data, mask, width, a, b, adapted)
+            return after[last], [after[k] for k in taps]
         except RuntimeError as e:  # torch.compile's stack and CUDA graphs raise these; our own bugs are other types
             if not self.compiled:
                 raise
             log.warning("the compiled forward failed (%s: %s); eager from here on", type(e).__name__, str(e)[:200])
             self.compiled = False
-            return self.run(hidden, positions, kv, start, allowed, layers, exact_from, loose)
+            return self.run_tapped(hidden, positions, kv, start, allowed, taps, layers, exact_from, loose)
 
     def loop(
         self,

@@ -6,7 +6,7 @@ import torch
 from conftest import TINY_CONFIGS, decode, perturbed, tiny_model
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from mtp_viz.cache import ENGINE_ENV, LEAN, TRANSFORMERS, CachedModel, engine_for, tree_visibility
+from mtp_viz.cache import ENGINE_ENV, ENGINES, LEAN, TRANSFORMERS, CachedModel, engine_for, node_depths, tree_visibility
 from mtp_viz.lean import CompileUnavailable, lean_model, supports
 from mtp_viz.projections import FusedLinear
 from mtp_viz.strategies.base import GenerationSettings
@@ -42,6 +42,36 @@ def test_tree_rows_equal_each_path_run_alone(name):
         for row, path in enumerate(paths, start=1):
             alone = model(torch.tensor([prefix + path])).logits[0, -1]
             torch.testing.assert_close(logits[row], alone, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("name", ["llama-2l", "llama-3l-mha"])
+def test_tapped_features_are_transformers_hidden_states_and_leave_the_logits_alone(name, engine, monkeypatch):
+    """An EAGLE-3 target's features: tap k is transformers' hidden_states[k] at every row fed (the
+    prompt's, then each tree node's as if its path ran alone), in tap order, on both engines and on
+    the one-row-at-a-time path after the prompt; the logits are those of the untapped forward."""
+    monkeypatch.setenv(ENGINE_ENV, engine)
+    model = tiny_model(name)
+    taps = (model.config.num_hidden_layers - 1, 0, 1)  # out of order, and the embedding (k = 0)
+
+    def expected(ids: list[int]) -> torch.Tensor:  # (len(ids), len(taps)·H)
+        with torch.no_grad():
+            states = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        return torch.cat([states[k][0] for k in taps], -1)
+
+    prefix, tokens, parents = IDS[:6], [7, 8, 9], [-1, -1, 0]
+    tapped, plain = (CachedModel(model, prompt_length=len(prefix)) for _ in range(2))
+    for step, seq in enumerate((prefix, prefix + [8])):  # the prompt, then one token and a tree after it
+        args = (tokens, node_depths(parents), tree_visibility(parents))
+        logits, features = tapped.forward_features(seq, taps, *args)
+        assert torch.equal(logits, plain.forward_hidden(seq, *args)[0])
+        fed = len(seq) - (0 if step == 0 else len(prefix))
+        assert features.shape == (fed + len(tokens), len(taps) * model.config.hidden_size)
+        torch.testing.assert_close(features[:fed], expected(seq)[-fed:], rtol=1e-4, atol=1e-5)
+        for row, path in enumerate([[7], [8], [7, 9]]):
+            torch.testing.assert_close(features[fed + row], expected(seq + path)[-1], rtol=1e-4, atol=1e-5)
+        for cached in (tapped, plain):
+            cached.keep(len(seq), [])
 
 
 def test_keep_moves_the_accepted_path_and_rollback_copies_nothing():
