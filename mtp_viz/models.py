@@ -338,23 +338,29 @@ EAGLE3_FILES = ("config.json", "*.safetensors", "*.bin")  # what a hub checkpoin
 def load_eagle3_for(target: LoadedModel, eagle3: str | None = None) -> tuple[str, Eagle3Drafter]:
     """The named EAGLE-3 drafter (registry id or a checkpoint directory), or the target's first
     registered one, on the target's device, sharing its token embedding (cached per target)."""
+    entry = eagle3_entry(target.name, eagle3)
+    with _load_lock:
+        return entry.id, _eagle3_cached(target, entry)
+
+
+def eagle3_entry(target: str, eagle3: str | None = None) -> Eagle3Entry:
+    """Which EAGLE-3 drafter a run of model `target` uses: `eagle3` (a registry id or a checkpoint
+    directory), or the target's first registered one."""
     registry = load_registry()
     if eagle3 is None:
-        entry = registry.models.get(target.name)
+        entry = registry.models.get(target)
         if entry is None or not entry.eagle3:
-            raise UserError(f"no EAGLE-3 drafter registered for {target.name}; train one with {TRAIN_EAGLE3}")
+            raise UserError(f"no EAGLE-3 drafter registered for {target}; train one with {TRAIN_EAGLE3}")
         eagle3 = entry.eagle3[0]
     if eagle3 in registry.eagle3:
         drafter = registry.get_eagle3(eagle3)
-        if drafter.base != target.name:
-            raise UserError(f"EAGLE-3 drafter {eagle3} was trained for {drafter.base}, not {target.name}")
-    elif Path(eagle3).is_dir():
-        drafter = Eagle3Entry(eagle3, eagle3, target.name, path=eagle3)
-    else:
-        registry.get_eagle3(eagle3)  # raises with the list of known drafters
-        raise AssertionError("unreachable")
-    with _load_lock:
-        return eagle3, _eagle3_cached(target, drafter)
+        if drafter.base != target:
+            raise UserError(f"EAGLE-3 drafter {eagle3} was trained for {drafter.base}, not {target}")
+        return drafter
+    if Path(eagle3).is_dir():
+        return Eagle3Entry(eagle3, eagle3, target, path=eagle3)
+    registry.get_eagle3(eagle3)  # raises with the list of known drafters
+    raise AssertionError("unreachable")
 
 
 def eagle3_dir(entry: Eagle3Entry) -> Path:
@@ -388,7 +394,7 @@ def _eagle3_cached(target: LoadedModel, entry: Eagle3Entry) -> Eagle3Drafter:
         problems.append(f"target hidden size {c.target_hidden_size or c.hidden_size} (the target's: {hidden})")
     if not drafter.owns_embedding and c.hidden_size != hidden:
         problems.append(f"hidden size {c.hidden_size} without its own embedding (the target's: {hidden})")
-    if max(c.aux_layer_ids) > layers:
+    if not all(0 <= i <= layers for i in c.aux_layer_ids):
         problems.append(f"aux layers {list(c.aux_layer_ids)} (the target has {layers})")
     if problems:
         raise UserError(f"EAGLE-3 drafter {entry.id} does not fit {target.name}: {'; '.join(problems)}")

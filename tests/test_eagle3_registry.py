@@ -2,10 +2,13 @@
 random Llama target and tiny checkpoints written by `save_eagle3`. Nothing here downloads."""
 
 import json
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import save_tiny_dir
+from safetensors.torch import load_file
 
 from mtp_viz import models
 from mtp_viz.drafters.eagle3 import Eagle3Config, Eagle3Drafter, save_eagle3
@@ -186,3 +189,75 @@ def test_the_published_llama_drafter_is_registered_for_its_target():
     assert target.eagle3 == ("llama3.1-8b-eagle3",)
     assert [s.repo for s in target.sources] == ["meta-llama/Llama-3.1-8B-Instruct"]
     assert registry.get_eagle3("llama3.1-8b-eagle3").repo == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+
+
+def test_export_writes_a_registered_drafter_that_loads_back_the_same(target, tiny_root, tmp_path):
+    from mtp_viz.serving.export import export_eagle3
+
+    out = export_eagle3("t-eagle3", tmp_path / "exported")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    _, mine = load_eagle3_for(target, "t-eagle3")
+    _, back = load_eagle3_for(target, str(out))
+    assert back.config == mine.config
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), mine.state_dict().values(), strict=True))
+    with pytest.raises(UserError, match="the drafter's own directory"):
+        export_eagle3("t-eagle3", tiny_root / "eagle3" / "t")
+
+
+def test_export_names_the_layers_a_published_drafter_leaves_to_the_default(tmp_path, monkeypatch):
+    """A published checkpoint (pytorch_model.bin, no layer ids) comes out as safetensors with the ids
+    vLLM would have chosen for its base, (2, L//2, L-3), written down."""
+    from mtp_viz.serving.export import export_eagle3
+
+    save_tiny_dir(tmp_path / "deep", "llama-3l-mha")  # hidden 48, 3 layers: default ids (2, 1, 0)
+    vocab = json.loads((tmp_path / "deep" / "config.json").read_text())["vocab_size"]
+    published = tmp_path / "published"
+    save_eagle3(tiny_drafter(vocab, hidden=48), published)
+    config = json.loads((published / "config.json").read_text())
+    del config["eagle_config"]
+    (published / "config.json").write_text(json.dumps(config))
+    torch.save(load_file(published / "model.safetensors"), published / "pytorch_model.bin")
+    (published / "model.safetensors").unlink()
+    registry = {
+        "defaults": {"cpu": "d"},
+        "models": [{"id": "d", "sources": [{"kind": "local", "path": "deep"}], "eagle3": ["d-pub"]}],
+        "eagle3": [{"id": "d-pub", "base": "d", "path": "published"}],
+    }
+    (tmp_path / "models.yaml").write_text(json.dumps(registry))
+    monkeypatch.setenv("MTP_VIZ_MODELS", str(tmp_path / "models.yaml"))
+    out = export_eagle3("d-pub", tmp_path / "out")
+    written = json.loads((out / "config.json").read_text())
+    assert written["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 1, 0]
+    assert (out / "model.safetensors").is_file() and not (out / "pytorch_model.bin").exists()
+
+
+@dataclass(frozen=True)
+class StandInEagleSettings:
+    """The `eagle` strategy's settings as its brief names them, while the strategy has not landed."""
+
+    tree: str = "dynamic"
+    depth: int = 5
+    top_k: int = 8
+    nodes: int = 60
+
+
+@pytest.fixture
+def eagle_strategy(monkeypatch):
+    from mtp_viz.strategies import STRATEGIES
+
+    if "eagle" not in STRATEGIES:
+        monkeypatch.setitem(STRATEGIES, "eagle", SimpleNamespace(name="eagle", settings_cls=StandInEagleSettings))
+
+
+def test_the_vllm_plan_serves_the_registered_checkpoint_directory(target, tiny_root, eagle_strategy):
+    from mtp_viz.runner import RunRequest
+    from mtp_viz.serving.backend import plan
+    from mtp_viz.serving.methods import EAGLE_CHAIN_NOTE
+
+    p = plan(RunRequest(prompt="hi", model="t", strategy="eagle", strategy_settings={"depth": 3}, device="cpu"))
+    directory = str((tiny_root / "eagle3" / "t").resolve())
+    assert p.speculative_config == {"method": "eagle3", "model": directory, "num_speculative_tokens": 3}
+    assert p.draft_name == "t-eagle3" and p.settings.tree == "chain" and p.note == EAGLE_CHAIN_NOTE
+    assert "--speculative-config" in p.server.extra_args
+    with pytest.raises(UserError, match="t-missing is registered at .*train eagle"):
+        plan(RunRequest(prompt="hi", model="t", strategy="eagle", draft="t-missing", device="cpu"))

@@ -104,3 +104,55 @@ def test_views_say_what_vllm_does_not_report():
     assert "not reported by vLLM" in step_probabilities(trace, index).layout.annotations[0].text
     assert "time not reported" in step_detail_html(trace, index)
     assert f">{UNKNOWN_MARK}<" in tokens_html(trace.steps)  # a rejected draft vLLM did not name
+
+
+# EAGLE-3 (`eagle` → vLLM's `eagle3`): the config, the server arguments, the served chain, the trace.
+
+
+def test_eagle_becomes_vllms_eagle3_with_the_checkpoint_as_it_is():
+    from types import SimpleNamespace
+
+    from mtp_viz.errors import UserError
+    from mtp_viz.serving.methods import EAGLE3, served, server_args
+
+    eagle = served("eagle")
+    spec = eagle.speculative_config(SimpleNamespace(depth=4, tree="chain"), "/ckpt/eagle3")
+    assert spec == {"method": EAGLE3, "model": "/ckpt/eagle3", "num_speculative_tokens": 4}
+    args = server_args(spec)
+    assert json.loads(args[args.index("--speculative-config") + 1]) == spec
+    assert args[args.index("--per-request-spec-decode-metrics") + 1] == "detailed"
+    with pytest.raises(UserError, match="EAGLE-3 checkpoint directory"):
+        eagle.speculative_config(SimpleNamespace(depth=4, tree="chain"))
+
+
+def test_eagle_is_served_as_a_chain_and_a_dynamic_tree_is_refused():
+    from mtp_viz.errors import UserError
+    from mtp_viz.serving.methods import CHAIN, served
+
+    eagle = served("eagle")
+    assert eagle.served_values({}) == {"tree": CHAIN}  # the device default (maybe a tree) is not what vLLM runs
+    assert eagle.served_values({"depth": 5, "tree": CHAIN}) == {"depth": 5, "tree": CHAIN}
+    with pytest.raises(UserError, match="eagle on vLLM runs with tree=chain only .*no counterpart"):
+        eagle.served_values({"tree": "dynamic"})
+    assert served("speculative").served_values({"num_draft_tokens": 3}) == {"num_draft_tokens": 3}
+
+
+def test_an_eagle3_completion_becomes_a_trace_with_eagle3_drafts():
+    c, served, _ = recorded("speculative")  # vLLM reports every drafting method's steps alike
+    spec = {
+        "method": "eagle3",
+        "model": "/ckpt",
+        "num_speculative_tokens": served.speculative_config["num_speculative_tokens"],
+    }
+    trace = trace_from_completion(c, replace(served, strategy="eagle", method="eagle3", speculative_config=spec))
+    drafted = [d for s in trace.steps for d in s.drafted]
+    assert drafted and {d.source for d in drafted} == {"eagle3"}
+    assert trace.summary["accepted_tokens"] == c.spec["num_accepted_draft_tokens"]
+    assert trace.machine["steps_placed_by"] == "in order"
+
+
+def test_the_load_model_counts_the_eagle_drafters_cost():
+    from mtp_viz.serving.load import uses_draft
+
+    assert uses_draft("eagle") and uses_draft("eagle:depth=3") and uses_draft("speculative")
+    assert not uses_draft("prompt_lookup") and not uses_draft("autoregressive")

@@ -34,7 +34,9 @@ def add(sub) -> None:
 
 def _add_request(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="registry id or local model directory (default: the device's default)")
-    p.add_argument("--draft", help="draft model: registry id or local directory")
+    p.add_argument(
+        "--draft", help="draft model: registry id or local directory (eagle on vLLM: an EAGLE-3 drafter's id or folder)"
+    )
     p.add_argument("--strategy", default="autoregressive", help=f"one of: {', '.join(STRATEGIES)}")
     p.add_argument("--prompt", required=True)
     p.add_argument("--raw", action="store_true", help="feed the prompt without the chat template")
@@ -101,6 +103,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     if s["drafted_tokens"]:
         print(f"  acceptance {s['acceptance_rate']:.1%} of {s['drafted_tokens']} drafted tokens")
     print(f"  stop: {trace.stop_reason}")
+    if trace.machine.get("served_note"):
+        print(f"  served: {trace.machine['served_note']}")
     print(f"  machine: {describe(trace.machine)}")
     print(trace.output_text)
     if args.trace_out:

@@ -14,7 +14,7 @@ import httpx
 from mtp_viz.detok import TextTracker
 from mtp_viz.errors import UserError
 from mtp_viz.machine import machine_info
-from mtp_viz.models import LoadedModel, encode_prompt, load_model, resolve_device
+from mtp_viz.models import LoadedModel, eagle3_dir, eagle3_entry, encode_prompt, load_model, resolve_device
 from mtp_viz.registry import load_registry
 from mtp_viz.runner import MAX_PROMPT_CHARS, RunRequest, attach_text, build_strategy_settings, valid_unicode
 from mtp_viz.serving.client import Completion, complete, completion_body
@@ -41,6 +41,7 @@ class VLLMPlan:
     draft_name: str | None
     speculative_config: dict | None
     server: ServerConfig
+    note: str | None = None  # how vLLM's method differs from the strategy on our engine
 
     def served(self, server: VLLMServer) -> Served:
         r = self.request
@@ -59,6 +60,8 @@ class VLLMPlan:
             "speculative_config": self.speculative_config,
             "dtype": self.server.dtype,
         }
+        if self.note:
+            engine["served_note"] = self.note
         return Served(
             strategy=r.strategy,
             model=self.target.name,
@@ -72,10 +75,12 @@ class VLLMPlan:
 
 
 def plan(request: RunRequest) -> VLLMPlan:
-    """Check a request can run on vLLM and work out its server (exporting the draft if needed)."""
+    """Check a request can run on vLLM and work out its server (exporting the draft if needed;
+    `eagle`: `request.draft` names the EAGLE-3 drafter, default the model's first registered)."""
     strategy = served(request.strategy)
     device = resolve_device(request.device)
-    settings = build_strategy_settings(request.strategy, request.strategy_settings, device.type)
+    values = strategy.served_values(request.strategy_settings)
+    settings = build_strategy_settings(request.strategy, values, device.type)
     name = request.model or load_registry().default_for(device.type)
     target = load_model(name, "cpu", "float32")  # tokenizer, EOS and the weights' directory only
     draft_name, draft_dir = None, None
@@ -85,6 +90,9 @@ def plan(request: RunRequest) -> VLLMPlan:
         if draft_name is None:
             raise UserError(f"speculative on vLLM needs a draft model; none is registered for {name}: pass --draft")
         draft_dir = str(export_draft(draft_name))
+    if request.strategy == "eagle":  # our checkpoint is in vLLM's format already: served as it is
+        drafter = eagle3_entry(target.name, request.draft)
+        draft_name, draft_dir = drafter.id, str(eagle3_dir(drafter))
     spec = strategy.speculative_config(settings, draft_dir)
     dtype = (
         request.dtype if request.dtype not in (None, "auto") else ("bfloat16" if device.type == "cuda" else "float32")
@@ -96,7 +104,7 @@ def plan(request: RunRequest) -> VLLMPlan:
         dtype=dtype,
         env={"VLLM_CPU_KVCACHE_SPACE": CPU_KV_CACHE_GIB} if device.type == "cpu" else {},
     )
-    return VLLMPlan(request, target, settings, draft_name, spec, config)
+    return VLLMPlan(request, target, settings, draft_name, spec, config, strategy.note)
 
 
 def open_server(

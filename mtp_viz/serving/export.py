@@ -1,5 +1,7 @@
 """Our models as plain model directories another engine loads: the target's converted copy as it
-is, and a trained draft (`mtp_viz.drafters.draft`) rebuilt as an ordinary causal LM.
+is, a trained draft (`mtp_viz.drafters.draft`) rebuilt as an ordinary causal LM, and an EAGLE-3
+drafter rewritten in vLLM's format (ours is in it already; a published one gains explicit layer
+ids and a safetensors file).
 
 The trained draft shares the target's embedding and scores a reduced vocabulary with the
 target's head rows. A plain checkpoint has neither: the export copies the embedding and gives the
@@ -13,9 +15,18 @@ from pathlib import Path
 
 import torch
 
+from mtp_viz.drafters.eagle3 import CONFIG_FILE, load_eagle3, save_eagle3
 from mtp_viz.errors import UserError
-from mtp_viz.models import LoadedModel, cache_root, is_model_dir, load_model, save_atomically
-from mtp_viz.registry import load_registry
+from mtp_viz.models import (
+    DTYPES,
+    LoadedModel,
+    cache_root,
+    eagle3_dir,
+    is_model_dir,
+    load_model,
+    save_atomically,
+)
+from mtp_viz.registry import Eagle3Entry, load_registry
 
 STAMP = "mtp_viz_export.json"
 
@@ -53,6 +64,31 @@ def export_draft(draft_name: str, out: Path | None = None) -> Path:
         (folder / STAMP).write_text(json.dumps(stamp))
 
     return save_atomically(out, write)
+
+
+def export_eagle3(name: str, out: Path) -> Path:
+    """A registered EAGLE-3 drafter (or a checkpoint directory) written to `out` as vLLM's
+    LlamaForCausalLMEagle3 loads it, read back through our loader first so a broken one stops here."""
+    registry = load_registry()
+    if name in registry.eagle3:
+        entry = registry.get_eagle3(name)
+    elif Path(name, CONFIG_FILE).is_file():
+        entry = Eagle3Entry(name, name, "", path=name)
+    else:
+        registry.get_eagle3(name)  # raises with the list of known drafters
+        raise AssertionError("unreachable")
+    source = eagle3_dir(entry)
+    if Path(out).resolve() == source.resolve():
+        raise UserError(f"{out} is the drafter's own directory; choose another folder")
+    config = json.loads((source / CONFIG_FILE).read_text(encoding="utf-8"))
+    eagle = config.get("eagle_config") or {}
+    named = config.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids")
+    layers = None  # a published drafter may name no layers: the base's depth gives vLLM's default
+    if not named and entry.base:
+        layers = load_model(entry.base, "cpu", "float32").model.config.num_hidden_layers
+    dtype = DTYPES.get(str(config.get("torch_dtype") or config.get("dtype")), torch.float32)
+    drafter = load_eagle3(source, target_layers=layers, dtype=dtype)
+    return save_atomically(Path(out), lambda folder: save_eagle3(drafter, folder))
 
 
 @torch.no_grad()

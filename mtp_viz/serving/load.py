@@ -26,6 +26,7 @@ from mtp_viz.quality import first_divergence
 from mtp_viz.runner import RunRequest, parse_variant, run
 from mtp_viz.serving.backend import VLLMPlan, open_server, plan, prompt_ids, request_body, to_trace
 from mtp_viz.serving.client import ACCEPTED, DRAFTED, Completion, complete_async, spec_counters
+from mtp_viz.serving.methods import served
 from mtp_viz.serving.server import ServerError, VLLMServer
 from mtp_viz.theory import concurrency_speedup, interpolated
 from mtp_viz.trace import Trace, depth_counts
@@ -251,8 +252,11 @@ def predicted(row: pd.Series, batch_cost: dict[int, dict[int, float]], c: float 
     return concurrency_speedup(tokens, scored, drafts, c or 0.0, {b: batch_cost[b]})[b]
 
 
+DRAFTING = ("speculative", "eagle")  # a drafter forward per drafted token: its cost ratio c counts
+
+
 def uses_draft(label: str) -> bool:
-    return parse_variant(str(label))[0] == "speculative"
+    return str(label).partition(":")[0] in DRAFTING  # a label is "strategy[:name=value...]"
 
 
 def engine_draft_cost(table: pd.DataFrame, batch_cost: dict[int, dict[int, float]]) -> dict[str, float]:
@@ -297,12 +301,13 @@ def compare_engines(
     for label in dict.fromkeys([BASELINE, *labels]):
         name, values = parse_variant(label)
         folder = out / "traces" / _folder(label) / "c1"
-        served = sorted(folder.glob("*.json"))[: len(prompts)] if folder.is_dir() else []
-        if len(served) < len(prompts):
+        recorded = sorted(folder.glob("*.json"))[: len(prompts)] if folder.is_dir() else []
+        if len(recorded) < len(prompts):
             raise UserError("the cross-engine check needs the single-client level: include 1 in --concurrency")
-        for q, path in zip(prompts, served, strict=True):
+        for q, path in zip(prompts, recorded, strict=True):
             theirs = Trace.load(path)
-            ours = run(replace(base, prompt=q.text, strategy=name, strategy_settings={**settings_for(name), **values}))
+            mine = served(name).served_values({**settings_for(name), **values})  # what vLLM ran (eagle: its chain)
+            ours = run(replace(base, prompt=q.text, strategy=name, strategy_settings=mine))
             rows.append(
                 {
                     "strategy": label,

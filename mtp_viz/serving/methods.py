@@ -3,7 +3,9 @@ the bench, the UI and the tests.
 
 `autoregressive` → no speculation; `prompt_lookup` → vLLM's `ngram` (our draft length and n-gram
 sizes); `speculative` → `draft_model` with our draft exported as a plain model directory
-(`mtp_viz.serving.export`). Every other strategy has a reason it is not served, shown in the UI.
+(`mtp_viz.serving.export`); `eagle` → `eagle3` with the EAGLE-3 checkpoint directory as it is (our
+drafter is saved in vLLM's format), drafting a chain of `depth` tokens. Every other strategy has a
+reason it is not served, shown in the UI.
 """
 
 import json
@@ -16,12 +18,28 @@ from mtp_viz.strategies.speculative import CONSTANT, SpeculativeSettings
 
 NGRAM = "ngram"
 DRAFT_MODEL = "draft_model"
+EAGLE3 = "eagle3"
+CHAIN = "chain"  # the `eagle` strategy's one-path tree: what vLLM's EAGLE drafts
+EAGLE_CHAIN_NOTE = (
+    "vLLM's EAGLE-3 drafts one chain of `depth` tokens per step; our dynamic tree (top_k, nodes) has no "
+    "counterpart there, so vLLM serves eagle as tree=chain"
+)
 
 
 @dataclass(frozen=True)
 class ServedStrategy:
     strategy: str
     method: str | None  # vLLM's speculative method; None: plain decoding
+    fixed: tuple[tuple[str, Any], ...] = ()  # settings vLLM's method always runs with
+    note: str | None = None  # why `fixed`, recorded with every served run
+
+    def served_values(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The strategy settings vLLM runs for these (`fixed` applied; asking for another value of
+        a fixed setting is an error, not a silent change)."""
+        for name, value in self.fixed:
+            if values.get(name, value) != value:
+                raise UserError(f"{self.strategy} on vLLM runs with {name}={value} only ({self.note})")
+        return {**values, **dict(self.fixed)}
 
     def speculative_config(self, settings: Any, draft_dir: str | None = None) -> dict | None:
         """vLLM's --speculative-config for our strategy settings (None: no speculation)."""
@@ -34,6 +52,10 @@ class ServedStrategy:
                 "prompt_lookup_max": settings.max_ngram_size,
                 "prompt_lookup_min": settings.min_ngram_size,
             }
+        if self.method == EAGLE3:
+            if draft_dir is None:
+                raise UserError("eagle on vLLM needs an EAGLE-3 checkpoint directory")
+            return {"method": EAGLE3, "model": draft_dir, "num_speculative_tokens": settings.depth}
         if settings.schedule != CONSTANT:
             raise UserError(f"vLLM drafts a constant number of tokens; schedule={settings.schedule} has no counterpart")
         if draft_dir is None:
@@ -45,6 +67,7 @@ SERVED: dict[str, ServedStrategy] = {
     "autoregressive": ServedStrategy("autoregressive", None),
     "prompt_lookup": ServedStrategy("prompt_lookup", NGRAM),
     "speculative": ServedStrategy("speculative", DRAFT_MODEL),
+    "eagle": ServedStrategy("eagle", EAGLE3, fixed=(("tree", CHAIN),), note=EAGLE_CHAIN_NOTE),
 }
 SETTINGS = {"prompt_lookup": PromptLookupSettings, "speculative": SpeculativeSettings}
 

@@ -7,7 +7,8 @@ nothing; a step whose proposer found nothing (an n-gram with no match) is a plai
 not in the per-step lists. For `ngram` drafting those steps are placed by replaying vLLM's
 matching rule (longest suffix n-gram in [min, max], its earliest occurrence: the same rule as our
 prompt lookup) over the output, which also gives every drafted id; the replay is checked against
-vLLM's own counts, step by step. For `draft_model` every step drafts, so steps follow in order.
+vLLM's own counts, step by step. For `draft_model` and `eagle3` every step drafts, so steps follow
+in order.
 """
 
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import numpy as np
 
 from mtp_viz.errors import UserError
 from mtp_viz.serving.client import Completion
-from mtp_viz.serving.methods import DRAFT_MODEL, NGRAM
+from mtp_viz.serving.methods import DRAFT_MODEL, EAGLE3, NGRAM
 from mtp_viz.strategies.prompt_lookup import find_draft
 from mtp_viz.trace import (
     ACCEPTED,
@@ -34,7 +35,7 @@ from mtp_viz.trace import (
 )
 
 ENGINE = "vllm"
-SOURCES = {NGRAM: "ngram", DRAFT_MODEL: "draft_model"}
+SOURCES = {NGRAM: "ngram", DRAFT_MODEL: "draft_model", EAGLE3: "eagle3"}
 
 
 class StepMismatch(UserError):
