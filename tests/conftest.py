@@ -72,6 +72,7 @@ def decode(
     vocab_size=None,
     heads=None,
     mask_token_id=None,
+    eagle3=None,
     **settings,
 ):
     """Run a strategy directly on a model; returns (output ids, steps)."""
@@ -81,6 +82,7 @@ def decode(
         target=model,
         draft=draft,
         heads=heads,
+        eagle3=eagle3,
         mask_token_id=mask_token_id,
         prompt_ids=list(prompt_ids),
         generation=generation,

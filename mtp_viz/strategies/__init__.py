@@ -4,6 +4,7 @@ from mtp_viz.errors import UnknownStrategyError
 from mtp_viz.strategies import (
     autoregressive,
     conf_adapt,
+    eagle,
     lookahead,
     mask_spec,
     mtp_heads,
@@ -22,6 +23,7 @@ STRATEGIES: dict[str, StrategySpec] = {
         lookahead,
         self_speculative,
         mtp_heads,
+        eagle,
         conf_adapt,
         mask_spec,
     )

@@ -82,6 +82,7 @@ class DecodeContext:
     generator: torch.Generator | None = None
     draft: PreTrainedModel | None = None
     heads: Any = None  # MTPHeads (mtp_viz.drafters.heads) for strategies that need them
+    eagle3: Any = None  # Eagle3Drafter (mtp_viz.drafters.eagle3) for strategies that need one
     mask_token_id: int | None = None  # for mask-token MTP models (models.yaml `mask_token_id`)
     record_probs: bool = True  # False: minimal recording, for measuring what tracing costs
     output: list[int] = field(default_factory=list)
@@ -145,6 +146,7 @@ class StrategySpec:
     lossless: bool = True
     needs_draft: bool = False
     needs_heads: bool | Callable[[Any, int | None], bool] = False  # or f(settings, mask_token_id)
+    needs_eagle3: bool = False  # an EAGLE-3 drafter for the target
     lossy_when: Callable[[dict], bool] | None = None  # settings (as in a trace) that make it lossy
     uses_masks: bool | Callable[[Any], bool] = False  # or f(settings): run on the model's mask-token model
 
