@@ -2,8 +2,6 @@
 random Llama target and tiny checkpoints written by `save_eagle3`. Nothing here downloads."""
 
 import json
-from dataclasses import dataclass
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -231,25 +229,7 @@ def test_export_names_the_layers_a_published_drafter_leaves_to_the_default(tmp_p
     assert (out / "model.safetensors").is_file() and not (out / "pytorch_model.bin").exists()
 
 
-@dataclass(frozen=True)
-class StandInEagleSettings:
-    """The `eagle` strategy's settings as its brief names them, while the strategy has not landed."""
-
-    tree: str = "dynamic"
-    depth: int = 5
-    top_k: int = 8
-    nodes: int = 60
-
-
-@pytest.fixture
-def eagle_strategy(monkeypatch):
-    from mtp_viz.strategies import STRATEGIES
-
-    if "eagle" not in STRATEGIES:
-        monkeypatch.setitem(STRATEGIES, "eagle", SimpleNamespace(name="eagle", settings_cls=StandInEagleSettings))
-
-
-def test_the_vllm_plan_serves_the_registered_checkpoint_directory(target, tiny_root, eagle_strategy):
+def test_the_vllm_plan_serves_the_registered_checkpoint_directory(target, tiny_root):
     from mtp_viz.runner import RunRequest
     from mtp_viz.serving.backend import plan
     from mtp_viz.serving.methods import EAGLE_CHAIN_NOTE
@@ -257,7 +237,7 @@ def test_the_vllm_plan_serves_the_registered_checkpoint_directory(target, tiny_r
     p = plan(RunRequest(prompt="hi", model="t", strategy="eagle", strategy_settings={"depth": 3}, device="cpu"))
     directory = str((tiny_root / "eagle3" / "t").resolve())
     assert p.speculative_config == {"method": "eagle3", "model": directory, "num_speculative_tokens": 3}
-    assert p.draft_name == "t-eagle3" and p.settings.tree == "chain" and p.note == EAGLE_CHAIN_NOTE
+    assert p.draft_name == "t-eagle3" and p.settings.draft_tree == "chain" and p.note == EAGLE_CHAIN_NOTE
     assert "--speculative-config" in p.server.extra_args
     with pytest.raises(UserError, match="t-missing is registered at .*train eagle"):
         plan(RunRequest(prompt="hi", model="t", strategy="eagle", draft="t-missing", device="cpu"))

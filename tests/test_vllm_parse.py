@@ -116,13 +116,13 @@ def test_eagle_becomes_vllms_eagle3_with_the_checkpoint_as_it_is():
     from mtp_viz.serving.methods import EAGLE3, served, server_args
 
     eagle = served("eagle")
-    spec = eagle.speculative_config(SimpleNamespace(depth=4, tree="chain"), "/ckpt/eagle3")
+    spec = eagle.speculative_config(SimpleNamespace(depth=4, draft_tree="chain"), "/ckpt/eagle3")
     assert spec == {"method": EAGLE3, "model": "/ckpt/eagle3", "num_speculative_tokens": 4}
     args = server_args(spec)
     assert json.loads(args[args.index("--speculative-config") + 1]) == spec
     assert args[args.index("--per-request-spec-decode-metrics") + 1] == "detailed"
     with pytest.raises(UserError, match="EAGLE-3 checkpoint directory"):
-        eagle.speculative_config(SimpleNamespace(depth=4, tree="chain"))
+        eagle.speculative_config(SimpleNamespace(depth=4, draft_tree="chain"))
 
 
 def test_eagle_is_served_as_a_chain_and_a_dynamic_tree_is_refused():
@@ -130,10 +130,10 @@ def test_eagle_is_served_as_a_chain_and_a_dynamic_tree_is_refused():
     from mtp_viz.serving.methods import CHAIN, served
 
     eagle = served("eagle")
-    assert eagle.served_values({}) == {"tree": CHAIN}  # the device default (maybe a tree) is not what vLLM runs
-    assert eagle.served_values({"depth": 5, "tree": CHAIN}) == {"depth": 5, "tree": CHAIN}
-    with pytest.raises(UserError, match="eagle on vLLM runs with tree=chain only .*no counterpart"):
-        eagle.served_values({"tree": "dynamic"})
+    assert eagle.served_values({}) == {"draft_tree": CHAIN}  # the device default (maybe a tree) is not what vLLM runs
+    assert eagle.served_values({"depth": 5, "draft_tree": CHAIN}) == {"depth": 5, "draft_tree": CHAIN}
+    with pytest.raises(UserError, match="eagle on vLLM runs with draft_tree=chain only .*no counterpart"):
+        eagle.served_values({"draft_tree": "dynamic"})
     assert served("speculative").served_values({"num_draft_tokens": 3}) == {"num_draft_tokens": 3}
 
 

@@ -1,19 +1,27 @@
 """The real vLLM server on the embedded model with n-gram drafting, started by our code: two
 prompts at concurrency 2 become valid traces whose counts match the responses and vLLM's own
 /metrics counters, our prompt lookup writes the same text, and the server is gone afterwards.
+And `eagle` served as vLLM's EAGLE-3 with a random checkpoint we write: the output is vLLM's plain
+greedy output, and its drafts and acceptances come back in the traces.
 
 Needs .venv-vllm (`bash scripts/setup.sh --vllm`, which .ci/run does); skipped without it except
 in CI, where a missing install is a failure."""
 
+import json
 import socket
+from pathlib import Path
 
+import httpx
 import psutil
 import pytest
+import torch
 from optional import require
 
+from mtp_viz.drafters.eagle3 import Eagle3Config, Eagle3Drafter, save_eagle3
 from mtp_viz.runner import RunRequest, run
-from mtp_viz.serving.backend import open_server, plan, prompt_ids
-from mtp_viz.serving.client import ACCEPTED, DRAFTED, PER_POSITION_COUNTER, STEPS
+from mtp_viz.serving.backend import open_server, plan, prompt_ids, request_body, to_trace
+from mtp_viz.serving.client import ACCEPTED, DRAFTED, PER_POSITION_COUNTER, STEPS, complete
+from mtp_viz.serving.export import model_dir
 from mtp_viz.serving.load import after_prefill, measure_level
 from mtp_viz.serving.server import VLLM_VENV, VLLMServer
 from mtp_viz.strategies.base import GenerationSettings
@@ -126,3 +134,61 @@ def test_vllm_is_a_peer_in_our_benchmark(served, monkeypatch):
     table = results_table(prompts, traces, peer_runs).set_index("strategy")
     row = table.loc["vllm_prompt_lookup"]
     assert row["identical"] and row["new_tokens"] == len(traces["autoregressive"][0].output_token_ids)
+
+
+def random_eagle3(target_dir: str, draft_vocab: int = 2048) -> Eagle3Drafter:
+    """Seeded random EAGLE-3 weights in the target's shapes (SmolLM2-135M: hidden 576, 9 heads,
+    3 kv heads), its draft vocabulary every (V / draft_vocab)-th target id, aux layers (2, 15, 27)."""
+    c = json.loads((Path(target_dir) / "config.json").read_text())
+    heads = c["num_attention_heads"]
+    config = Eagle3Config(
+        hidden_size=c["hidden_size"],
+        intermediate_size=c["intermediate_size"],
+        num_attention_heads=heads,
+        num_key_value_heads=c["num_key_value_heads"],
+        head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+        rms_norm_eps=c["rms_norm_eps"],
+        rope_theta=(c.get("rope_parameters") or {}).get("rope_theta") or c.get("rope_theta", 10000.0),
+        max_position_embeddings=c["max_position_embeddings"],
+        vocab_size=c["vocab_size"],
+        draft_vocab_size=draft_vocab,
+        aux_layer_ids=(2, 15, 27),
+    )
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(config)
+    targets = torch.arange(draft_vocab) * (c["vocab_size"] // draft_vocab)
+    drafter.d2t.copy_(targets - torch.arange(draft_vocab))  # target id = draft id + d2t[draft id]
+    drafter.t2d.zero_()[targets] = True
+    return drafter
+
+
+def test_eagle3_on_vllm_writes_vllms_plain_output_and_reports_its_drafts(tmp_path):
+    require((VLLM_VENV / "bin" / "python").is_file(), "vLLM (.venv-vllm)", "bash scripts/setup.sh --vllm")
+    generation = GenerationSettings(max_new_tokens=24)
+    ar = plan(RunRequest(model="smollm2-135m", generation=generation))
+    save_eagle3(random_eagle3(model_dir(ar.target)), tmp_path / "eagle3")
+    eagle = plan(
+        RunRequest(
+            model="smollm2-135m",
+            strategy="eagle",
+            draft=str(tmp_path / "eagle3"),
+            strategy_settings={"depth": 3},
+            generation=generation,
+        )
+    )
+    spec = {"method": "eagle3", "model": str(tmp_path / "eagle3"), "num_speculative_tokens": 3}
+    assert eagle.speculative_config == spec
+    runs = {}
+    for name, p in (("ar", ar), ("eagle", eagle)):
+        with open_server(p) as server, httpx.Client() as client:
+            done = [complete(client, server.url, request_body(p, prompt_ids(p, text))) for text in PROMPTS]
+            runs[name] = [(c, to_trace(p, server, c)) for c in done]
+    for (_, plain), (c, trace) in zip(runs["ar"], runs["eagle"], strict=True):
+        assert trace.output_token_ids == plain.output_token_ids  # lossless: vLLM's own greedy output
+        steps = [s for s in trace.steps if s.drafted]
+        assert steps and all(len(s.drafted) == 3 for s in steps)
+        assert {d.source for s in steps for d in s.drafted} == {"eagle3"}
+        assert [s.accepted for s in steps] == c.spec["per_step_accepted"]  # a random drafter: mostly 0
+        assert trace.summary["drafted_tokens"] == c.spec["num_draft_tokens"]
+        assert trace.machine["speculative_config"]["method"] == "eagle3" and "chain" in trace.machine["served_note"]
+        assert trace.machine["vllm_mean_acceptance_length"] is not None

@@ -19,10 +19,10 @@ from mtp_viz.strategies.speculative import CONSTANT, SpeculativeSettings
 NGRAM = "ngram"
 DRAFT_MODEL = "draft_model"
 EAGLE3 = "eagle3"
-CHAIN = "chain"  # the `eagle` strategy's one-path tree: what vLLM's EAGLE drafts
+CHAIN = "chain"  # the `eagle` strategy's one-path draft (its draft_tree setting): what vLLM's EAGLE drafts
 EAGLE_CHAIN_NOTE = (
-    "vLLM's EAGLE-3 drafts one chain of `depth` tokens per step; our dynamic tree (top_k, nodes) has no "
-    "counterpart there, so vLLM serves eagle as tree=chain"
+    "vLLM's EAGLE-3 drafts one chain of `depth` tokens per step; our dynamic tree (branching, nodes) has no "
+    "counterpart there, so vLLM serves eagle as draft_tree=chain"
 )
 
 
@@ -67,7 +67,7 @@ SERVED: dict[str, ServedStrategy] = {
     "autoregressive": ServedStrategy("autoregressive", None),
     "prompt_lookup": ServedStrategy("prompt_lookup", NGRAM),
     "speculative": ServedStrategy("speculative", DRAFT_MODEL),
-    "eagle": ServedStrategy("eagle", EAGLE3, fixed=(("tree", CHAIN),), note=EAGLE_CHAIN_NOTE),
+    "eagle": ServedStrategy("eagle", EAGLE3, fixed=(("draft_tree", CHAIN),), note=EAGLE_CHAIN_NOTE),
 }
 SETTINGS = {"prompt_lookup": PromptLookupSettings, "speculative": SpeculativeSettings}
 
