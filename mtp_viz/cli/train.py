@@ -1,5 +1,5 @@
 """`train`: drafters for a frozen target: the self-distillation data, a small draft model,
-sequential MTP heads, or a mask-token MTP adapter."""
+sequential MTP heads, an EAGLE-3 drafter, or a mask-token MTP adapter."""
 
 import argparse
 from dataclasses import replace
@@ -12,6 +12,7 @@ from mtp_viz.paths import cache_root
 from mtp_viz.registry import load_registry
 from mtp_viz.training.data import MANIFEST, DataConfig, generate
 from mtp_viz.training.draft import DraftTrainConfig, train_draft
+from mtp_viz.training.eagle import EagleTrainConfig, train_eagle
 from mtp_viz.training.heads import HeadsTrainConfig, train_heads
 from mtp_viz.training.loop import TrainJob
 from mtp_viz.training.mask import MaskTrainConfig, train_mask
@@ -27,6 +28,8 @@ TUNING = {
     "--batch-size": "data: prompts decoded together",
     "--layers": "draft: decoder layers",
     "--depth": "heads: depths unrolled in training",
+    "--ttt-steps": "eagle: draft steps unrolled in training (training-time test)",
+    "--aux-layers": "eagle: the target layers whose residual streams the drafter reads, e.g. 2,15,27",
     "--vocab": "reduced vocabulary size",
     "--k-max": "mtp: most predictions per forward trained (1 + masks)",
     "--rank": "mtp: LoRA rank",
@@ -35,19 +38,20 @@ TUNING = {
     "--epochs": None,
     "--lr": None,
 }
-TYPES = {"--gating": str, "--lr": float}
+TYPES = {"--gating": str, "--lr": float, "--aux-layers": str}
 
 
 def add(sub) -> None:
     t = sub.add_parser(
         "train",
         help="train drafters for a frozen target: data (cached self-distillation set), draft (a small draft model), "
-        "heads (sequential MTP heads), mtp (a mask-token MTP adapter, by self-distillation)",
+        "heads (sequential MTP heads), eagle (an EAGLE-3 drafter, in vLLM's format), "
+        "mtp (a mask-token MTP adapter, by self-distillation)",
     )
-    t.add_argument("what", choices=("data", "draft", "heads", "mtp"))
+    t.add_argument("what", choices=("data", "draft", "heads", "eagle", "mtp"))
     t.add_argument("--model", help="the frozen target (default: the device's default)")
     t.add_argument("--data", type=Path, help="data folder (default: <cache>/train/<model>)")
-    t.add_argument("--out", type=Path, help="where the trained draft, heads or adapter go (required but for data)")
+    t.add_argument("--out", type=Path, help="where the trained drafter or adapter goes (required but for data)")
     t.add_argument("--resume", action="store_true", help="continue from the last checkpoint (kept beside the data)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--start-from", type=Path, help="draft/heads/mtp: continue training these saved weights")
@@ -64,6 +68,9 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.what == "mtp":  # settings checked before anything loads
         mask_loop = replace(MaskTrainConfig().loop, seed=args.seed, **loop, **given(args, max_steps="steps"))
         mask_cfg = MaskTrainConfig(**given(args, "k_max", "rank", "gating"), loop=mask_loop)
+    if args.what == "eagle":
+        eagle_cfg = EagleTrainConfig(**given(args, "ttt_steps", reduced_vocab="vocab"), aux_layers=aux_layers(args))
+        eagle_cfg = replace(eagle_cfg, loop=replace(eagle_cfg.loop, seed=args.seed, **loop))
     name = args.model or load_registry().default_for(args.device)
     target = load_model(name, args.device, "float32")
     data = args.data or cache_root() / "train" / target.name
@@ -82,7 +89,22 @@ def cmd_train(args: argparse.Namespace) -> None:
     elif args.what == "heads":
         cfg = HeadsTrainConfig(**given(args, "depth", reduced_vocab="vocab"))
         report = train_heads(job, replace(cfg, loop=replace(cfg.loop, seed=args.seed, **loop)))
+    elif args.what == "eagle":
+        report = train_eagle(job, eagle_cfg)
     else:
         report = train_mask(job, mask_cfg)
     final = report["history"][-1] if report["history"] else report["before"]
     print(f"{args.what} trained in {report['seconds']:.0f} s and saved to {args.out}: {final}")
+
+
+def aux_layers(args: argparse.Namespace) -> tuple[int, ...] | None:
+    """--aux-layers "2,15,27" → (2, 15, 27); None when not given."""
+    if args.aux_layers is None:
+        return None
+    try:
+        layers = tuple(int(x) for x in args.aux_layers.split(","))
+    except ValueError:
+        raise UserError(f"--aux-layers takes layer ids separated by commas (2,15,27): {args.aux_layers!r}") from None
+    if not layers or min(layers) < 0:
+        raise UserError(f"--aux-layers takes non-negative layer ids; got {args.aux_layers!r}")
+    return layers

@@ -1,0 +1,124 @@
+"""EAGLE-3 training on a tiny random target: training-time test computes what drafting computes,
+and `train eagle` runs end to end, resumably, into a checkpoint the loader reads."""
+
+import json
+
+import pytest
+import torch
+from conftest import save_tiny_dir, tiny_model
+
+from mtp_viz.__main__ import main
+from mtp_viz.drafters.eagle3 import load_eagle3
+from mtp_viz.models import load_model
+from mtp_viz.training.eagle import EagleTrainConfig, Example, build_drafter, collate, losses, unroll
+
+
+def _drafter(seed: int = 0):
+    target = tiny_model("llama-3l-mha", vocab_size=64)
+    vocab = torch.tensor([0, 3, 5, 8, 9, 12, 20, 33, 40, 41, 50, 63])
+    drafter = build_drafter(target, (0, 1, 2), vocab)
+    torch.manual_seed(seed)
+    with torch.no_grad():  # a random, untrained drafter whose every weight matters
+        for p in drafter.parameters():
+            if p is not target.get_input_embeddings().weight:
+                p.add_(torch.randn_like(p) * 0.3)
+    return target, drafter.eval()
+
+
+def _example(tokens: torch.Tensor, features: torch.Tensor) -> Example:
+    n = len(tokens)
+    return Example(
+        tokens=tokens,
+        features=features.half(),
+        argmax=torch.zeros(n, dtype=torch.long),
+        topk_ids=torch.zeros(n, 2, dtype=torch.long),
+        topk_p=torch.full((n, 2), 0.5),
+        weight=torch.ones(n),
+    )
+
+
+@torch.no_grad()
+def test_training_time_test_computes_what_drafting_computes():
+    """Step j of chain i in training equals drafting after position i: the drafter's cache holds
+    step-1 entries for positions 0..i (from the target's features), then its own chain."""
+    target, drafter = _drafter()
+    g = torch.Generator().manual_seed(1)
+    n, steps = 11, 3
+    tokens = torch.randint(0, 64, (n,), generator=g)
+    features = torch.randn(n, drafter.config.fc_input_size, generator=g)
+    short = _example(tokens[:7], features[:7])  # a shorter sequence in the batch: padding must not leak
+    batch = collate([_example(tokens, features), short])
+    trained = dict(unroll(drafter, batch, steps))  # step → (B, T, V_d)
+    fused = drafter.fuse(batch["features"][0].float())  # the half-precision features training reads
+    for i in (0, 4, 7):
+        cache = drafter.new_cache(64)
+        logits, out = drafter(fused[: i + 1], tokens[1 : i + 2], torch.arange(i + 1), cache)
+        hidden, last = out[-1:], logits[-1]
+        for j in range(1, steps + 1):
+            if j > 1:
+                logits, hidden = drafter(hidden, tokens[i + j : i + j + 1], torch.tensor([i + j - 1]), cache)
+                last = logits[0]
+            assert torch.allclose(trained[j][0, i], last, atol=1e-4), (i, j)
+    short_alone = dict(unroll(drafter, collate([short]), steps))
+    for j in range(1, steps + 1):
+        assert torch.allclose(trained[j][1, :6], short_alone[j][0], atol=1e-4)
+
+
+def test_losses_fall_on_a_batch_it_trains_on():
+    _, drafter = _drafter()
+    drafter.train()
+    g = torch.Generator().manual_seed(2)
+    ex = _example(torch.randint(0, 64, (12,), generator=g), torch.randn(12, drafter.config.fc_input_size))
+    ex.argmax[:] = torch.randint(0, 12, (12,), generator=g)
+    batch = collate([ex])
+    cfg = EagleTrainConfig(ttt_steps=2)
+    params = [p for n, p in drafter.named_parameters() if not n.startswith("embed_tokens")]
+    opt = torch.optim.Adam(params, lr=1e-2)
+    first, stats = losses(drafter, batch, cfg)
+    assert set(stats) == {"loss1", "loss2"}
+    for _ in range(20):
+        loss, _ = losses(drafter, batch, cfg)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert float(loss.detach()) < 0.5 * float(first.detach())
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_dir(tmp_path_factory.mktemp("tiny-eagle") / "target", model_name="llama-3l-mha")
+
+
+def test_train_eagle_end_to_end_and_resume(tiny_dir, tmp_path, capsys):
+    data, out = tmp_path / "data", tmp_path / "eagle"
+    common = ["--model", str(tiny_dir), "--data", str(data)]
+    data_flags = ["--instructions", "10", "--self-instruct", "0", "--contexts", "0", "--max-new-tokens", "6"]
+    assert main(["train", "data", *common, *data_flags]) == 0
+    args = ["train", "eagle", *common, "--out", str(out), "--ttt-steps", "2", "--vocab", "20", "--epochs", "2"]
+    assert main([*args, "--aux-layers", "0,1,2"]) == 0
+    assert "eagle trained" in capsys.readouterr().out
+    report = json.loads((out / "training.json").read_text())
+    assert report["aux_layers"] == [0, 1, 2]
+    assert {"val_top1_step1", "val_top1_step2", "val_mean_accepted_tokens"} <= set(report["history"][-1])
+    config = json.loads((out / "config.json").read_text())
+    assert 0 < config["draft_vocab_size"] <= 20  # the tokens the tiny data holds, at most --vocab
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+
+    target = load_model(str(tiny_dir))
+    drafter = load_eagle3(out, embed=target.model.get_input_embeddings())
+    assert drafter.config.aux_layer_ids == (0, 1, 2) and drafter.embed_tokens is target.model.get_input_embeddings()
+    assert target.model.get_input_embeddings().weight.dtype == torch.float32  # the shared embedding was not cast
+    features = next((data / "features" / "0-1-2").glob("*.pt"))
+    cached = torch.load(features)
+    assert cached[0].shape[1] == 3 * target.model.config.hidden_size
+
+    # the same run resumed from its last checkpoint ends where it ended
+    weights = (out / "model.safetensors").read_bytes()
+    assert main([*args, "--aux-layers", "0,1,2", "--resume"]) == 0
+    assert (out / "model.safetensors").read_bytes() == weights
+
+
+def test_train_eagle_rejects_bad_layer_ids(tiny_dir, tmp_path, capsys):
+    code = main(["train", "eagle", "--model", str(tiny_dir), "--out", str(tmp_path / "o"), "--aux-layers", "2;15"])
+    assert code != 0
+    assert "--aux-layers takes layer ids separated by commas" in capsys.readouterr().err
