@@ -21,6 +21,7 @@ from mtp_viz.models import (
     LoadedModel,
     encode_prompt,
     linear_path,
+    load_eagle3_for,
     load_heads_for,
     load_model,
     resolve_device,
@@ -57,6 +58,7 @@ class RunRequest:
     strategy: str = "autoregressive"
     draft: str | None = None  # None: the model's first registered draft, if the strategy needs one
     heads: str | None = None  # None: the model's first registered MTP heads, if the strategy needs them
+    eagle3: str | None = None  # None: the model's first registered EAGLE-3 drafter, if the strategy needs one
     raw: bool = False  # True: no chat template
     generation: GenerationSettings = field(default_factory=GenerationSettings)
     strategy_settings: dict[str, Any] = field(default_factory=dict)
@@ -176,6 +178,9 @@ class Run:
             if self.spec.heads_needed(self.settings, self.mask_token_id)
             else (None, None)
         )
+        self.eagle3_name, self.eagle3 = (
+            load_eagle3_for(self.target, request.eagle3) if self.spec.needs_eagle3 else (None, None)
+        )
         self.vocab_size = (
             shared_vocab_size(self.target, self.draft) if self.draft else self.target.model.config.vocab_size
         )
@@ -233,9 +238,10 @@ class Run:
             self.engine = prepare_engine([m for m in (self.target, self.draft) if m is not None], wanted)
             if self.request.weights == AUTO:
                 self.engine["weights_choice"] = weights_choice(self.target.name)
+            taps = tuple(self.eagle3.config.aux_layer_ids) if self.eagle3 is not None else ()
             for m in (self.target, self.draft):
                 if m is not None:
-                    _warm_up(m, self.prompt_ids)
+                    _warm_up(m, self.prompt_ids, taps if m is self.target else ())
         return self.engine
 
     def steps(self) -> Iterator[Step]:
@@ -250,6 +256,7 @@ class Run:
             target=self.target.model,
             draft=self.draft.model if self.draft else None,
             heads=self.heads,
+            eagle3=self.eagle3,
             mask_token_id=self.mask_token_id,
             prompt_ids=self.prompt_ids,
             generation=gen,
@@ -301,7 +308,7 @@ class Run:
         return Trace(
             strategy=self.spec.name,
             model=self.target.name,
-            draft_model=self.draft.name if self.draft else self.heads_name,
+            draft_model=self.draft.name if self.draft else self.heads_name or self.eagle3_name,
             settings=settings,
             prompt_token_ids=list(self.prompt_ids),
             output_token_ids=list(output),
@@ -365,9 +372,15 @@ def prepare_engine(models: list[LoadedModel], compile_wanted: bool) -> dict[str,
 
 
 @torch.inference_mode()
-def _warm_up(loaded: LoadedModel, prompt_ids: list[int]) -> None:
+def _warm_up(loaded: LoadedModel, prompt_ids: list[int], taps: tuple[int, ...] = ()) -> None:
     """Short forwards outside the timed region, through the engine decoding will use (its lean
-    view, rotary tables, allocations, lazy kernels): two tokens, then one."""
+    view, rotary tables, allocations, lazy kernels): two tokens, then one; with `taps` (an EAGLE-3
+    target) the same again through the tapped forward, whose layer segments compile apart."""
+    first, then = prompt_ids[:2], prompt_ids[:3] if len(prompt_ids) > 2 else prompt_ids[:2] + prompt_ids[:1]
     cached = CachedModel(loaded.model)
-    cached.forward(prompt_ids[:2])
-    cached.forward(prompt_ids[:3] if len(prompt_ids) > 2 else prompt_ids[:2] + prompt_ids[:1])
+    cached.forward(first)
+    cached.forward(then)
+    if taps:
+        cached = CachedModel(loaded.model)
+        cached.forward_features(first, taps)
+        cached.forward_features(then, taps)

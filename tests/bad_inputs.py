@@ -43,6 +43,7 @@ CASES = {
     "lookahead window 0": Case({"strategy": "lookahead"}, "window", {"window": 0}),
     "malformed tree": Case({"strategy": "mtp_heads"}, "tree", {"tree": "0,x"}),
     "no heads registered": Case({"strategy": "mtp_heads"}, "no MTP heads"),
+    "no EAGLE-3 drafter registered": Case({"strategy": "eagle"}, "no EAGLE-3 drafter registered for tiny"),
     "tau above one": Case({"strategy": "conf_adapt"}, "tau", {"tau": 1.5}),
     "k too large": Case({"strategy": "conf_adapt"}, "k must", {"k": 99}),
     "mask tokens on a model without one": Case({"strategy": "conf_adapt"}, "mask token", {"predictor": "mask_tokens"}),

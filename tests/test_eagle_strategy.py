@@ -204,3 +204,31 @@ def test_the_tree_never_drafts_past_the_token_budget(budget):
     out, steps = decode(model, "eagle", PROMPT, g, eagle3=drafter, draft_tree=DYNAMIC, depth=4, branching=2)
     assert out == reference[:budget]
     assert all(max(s.depths, default=0) <= budget - 1 for s in steps)
+
+
+def test_the_runner_loads_the_targets_drafter_and_records_it(use_tiny_registry, monkeypatch):
+    import mtp_viz.runner as runner
+    from mtp_viz.runner import RunRequest, run
+    from mtp_viz.theory import measured_point
+    from mtp_viz.viz.tokens import step_detail_html
+
+    asked = []
+
+    def load_eagle3_for(target, eagle3=None):
+        asked.append((target.name, eagle3))
+        return "tiny-eagle3", tiny_drafter(target.model, seed=1, draft_vocab_size=target.model.config.vocab_size // 2)
+
+    monkeypatch.setattr(runner, "load_eagle3_for", load_eagle3_for)
+    generation = GenerationSettings(max_new_tokens=12)
+    base = RunRequest(prompt="the cat sat", model="tiny", generation=generation)
+    reference = run(base)
+    trace = run(RunRequest(prompt="the cat sat", model="tiny", generation=generation, strategy="eagle"))
+    assert asked == [("tiny", None)] and trace.draft_model == "tiny-eagle3"
+    assert trace.output_token_ids == reference.output_token_ids
+    assert trace.settings["draft_tree"] == CHAIN and trace.settings["top_k"] == 0  # no clash with sampling's
+    drafting = [s for s in trace.steps if s.drafted]
+    assert drafting and all(s.draft_forwards == 3 and s.draft_s > 0 for s in drafting[:-2])  # then the budget
+    point = measured_point(trace, reference)  # the Theory view's α, γ and drafter cost ratio c
+    assert point is not None and point["c"] > 0 and point["gamma"] > 1
+    detail = step_detail_html(trace, drafting[0].index)  # Explore's replay draws the tree
+    assert "Token tree" in detail and "eagle_d3" in detail

@@ -55,6 +55,7 @@ def _add_request(p: argparse.ArgumentParser) -> None:
         help="any strategy setting, e.g. --set tree=chain --set tau=0.8 (README lists them)",
     )
     p.add_argument("--heads", help="MTP heads: registry id or directory (default: the model's first registered)")
+    p.add_argument("--eagle3", help="EAGLE-3 drafter (eagle): registry id or directory (default: the model's first)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     add_compile(p)
@@ -66,7 +67,20 @@ def _request(args: argparse.Namespace, max_new_tokens: int, default_temperature:
     strategy_settings.update(given(args, "num_draft_tokens", "max_ngram_size", "min_ngram_size"))
     temperature = default_temperature if args.temperature is None else args.temperature
     return RunRequest(
-        **given(args, "prompt", "model", "strategy", "draft", "heads", "raw", "device", "dtype", "compile", "weights"),
+        **given(
+            args,
+            "prompt",
+            "model",
+            "strategy",
+            "draft",
+            "heads",
+            "eagle3",
+            "raw",
+            "device",
+            "dtype",
+            "compile",
+            "weights",
+        ),
         generation=GenerationSettings(
             max_new_tokens=max_new_tokens, temperature=temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
         ),

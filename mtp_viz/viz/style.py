@@ -51,6 +51,7 @@ FAMILY_COLOURS = {
     "lookahead": "#ca8a04",
     "self_speculative": "#9333ea",
     "mtp_heads": "#dc2626",
+    "eagle": "#ea580c",
     "conf_adapt": "#db2777",
     "mask_spec": "#0891b2",
 }
@@ -62,6 +63,7 @@ FAMILY_MARKERS = {
     "lookahead": "triangle-up",
     "self_speculative": "triangle-down",
     "mtp_heads": "star",
+    "eagle": "star-diamond",
     "conf_adapt": "hexagon",
     "mask_spec": "pentagon",
 }
