@@ -34,7 +34,7 @@ TUNING = {
     "--k-max": "mtp: most predictions per forward trained (1 + masks)",
     "--rank": "mtp: LoRA rank",
     "--gating": "mtp: adapter at mask positions only (mask_only) or everywhere",
-    "--steps": "mtp: optimizer steps (the training budget)",
+    "--steps": "mtp, eagle: optimizer steps (the training budget; eagle: at most, within --epochs)",
     "--epochs": None,
     "--lr": None,
 }
@@ -70,7 +70,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         mask_cfg = MaskTrainConfig(**given(args, "k_max", "rank", "gating"), loop=mask_loop)
     if args.what == "eagle":
         eagle_cfg = EagleTrainConfig(**given(args, "ttt_steps", reduced_vocab="vocab"), aux_layers=aux_layers(args))
-        eagle_cfg = replace(eagle_cfg, loop=replace(eagle_cfg.loop, seed=args.seed, **loop))
+        eagle_loop = replace(eagle_cfg.loop, seed=args.seed, **loop, **given(args, max_steps="steps"))
+        eagle_cfg = replace(eagle_cfg, loop=eagle_loop)
     name = args.model or load_registry().default_for(args.device)
     target = load_model(name, args.device, "float32")
     data = args.data or cache_root() / "train" / target.name
