@@ -6,6 +6,7 @@ import itertools
 import pytest
 import torch
 from conftest import OracleHeads, decode, tiny_model
+from test_eagle_strategy import ScriptedDrafter
 
 import mtp_viz.sampling as sampling
 from mtp_viz.quality import goodness_of_fit, two_sample
@@ -75,6 +76,8 @@ SAMPLED = {  # label → (strategy, settings, tokens sampled: enough for the str
     "lookahead": ("lookahead", {"level": 3, "window": 3, "guess": 3, "pool_from_prompt": True}, 3),
     "self_speculative": ("self_speculative", {"exit_layer": 1, "num_draft_tokens": 2}, 3),
     "mtp_heads-tree": ("mtp_heads", {"tree": "0,1,00,10"}, 3),
+    "eagle-chain": ("eagle", {"depth": 2}, 3),
+    "eagle-dynamic": ("eagle", {"draft_tree": "dynamic", "depth": 2, "branching": 2, "nodes": 4}, 3),
     # drafts only after its first forward; a random mask-only adapter on the target. Branched, a
     # step after a rejection verifies the guesses of a block off an earlier position: 4 tokens
     "mask_spec-chained": ("mask_spec", {"k": 3, "branches": False}, 3),
@@ -89,10 +92,11 @@ def test_sampled_tokens_follow_the_exact_target_distribution(models, label, gene
     target, draft = models
     strategy, settings, n = SAMPLED[label]
     exact = exact_joint(target, generation, n)
-    heads = None
-    if strategy == "mtp_heads":  # heads that guess the greedy continuation (right, then wrong-first)
+    heads = eagle3 = None
+    if strategy in ("mtp_heads", "eagle"):  # drafters that guess the greedy continuation, sometimes wrong-first
         greedy, _ = decode(target, "autoregressive", PROMPT, GenerationSettings(max_new_tokens=4))
-        heads = OracleHeads(target, PROMPT, greedy, wrong_every=2)
+        heads = OracleHeads(target, PROMPT, greedy, wrong_every=2) if strategy == "mtp_heads" else None
+        eagle3 = ScriptedDrafter(target, PROMPT, greedy, wrong_depth=2) if strategy == "eagle" else None
     model = target
     if strategy == "mask_spec":
         from test_mask_mtp import random_adapter
@@ -100,7 +104,16 @@ def test_sampled_tokens_follow_the_exact_target_distribution(models, label, gene
         model, settings = random_adapter(target, scale=0.3), {**settings, "mask_token_id": V}
     verdicts, traces = set(), []
     samples = sample_joint(
-        strategy, model, generation, draft=draft, heads=heads, n_tokens=n, verdicts=verdicts, traces=traces, **settings
+        strategy,
+        model,
+        generation,
+        draft=draft,
+        heads=heads,
+        n_tokens=n,
+        verdicts=verdicts,
+        traces=traces,
+        eagle3=eagle3,
+        **settings,
     )
     result = goodness_of_fit(samples, exact)
     assert result.consistent, result

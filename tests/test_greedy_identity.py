@@ -1,9 +1,11 @@
 """Every lossless strategy, greedy, emits exactly the tokens of plain autoregressive decoding and of
 transformers' generate(do_sample=False), on tiny random models. (MTP heads, which need scripted
-heads, have the same tests in test_mtp_heads.py.)"""
+heads, have the same tests in test_mtp_heads.py; eagle runs here with a scripted EAGLE-3 drafter
+that is wrong at depth 2, and with random ones in test_eagle_strategy.py.)"""
 
 import pytest
 from conftest import TINY_CONFIGS, decode, hf_greedy, perturbed, tiny_model
+from test_eagle_strategy import ScriptedDrafter
 
 from mtp_viz.cache import ENGINE_ENV, ENGINES
 from mtp_viz.kernels import FIXED_PLAN, STOCK_PLAN, use_fast_linears
@@ -46,6 +48,14 @@ def _lossless_runs(model, draft, generation, eos=()):
     yield (
         "lookahead 3/4/3 + prompt pool",
         *decode(model, "lookahead", PROMPT, generation, eos=eos, level=3, window=4, guess=3, pool_from_prompt=True),
+    )
+    # an EAGLE-3 drafter that knows the greedy continuation but guesses wrong first at depth 2
+    continuation, _ = decode(model, "autoregressive", PROMPT, GenerationSettings(max_new_tokens=48))
+    eagle3 = ScriptedDrafter(model, PROMPT, continuation, wrong_depth=2)
+    yield ("eagle chain", *decode(model, "eagle", PROMPT, generation, eos=eos, eagle3=eagle3))
+    yield (
+        "eagle dynamic",
+        *decode(model, "eagle", PROMPT, generation, eos=eos, eagle3=eagle3, draft_tree="dynamic", branching=2, nodes=6),
     )
     for k, n in ((3, 1), (8, 3)):  # n-gram sizes 1..1 and 2..3
         yield (

@@ -4,6 +4,7 @@ extends in place and rolls back without copies; unsupported models fall back to 
 import pytest
 import torch
 from conftest import TINY_CONFIGS, decode, perturbed, tiny_model
+from test_eagle_strategy import ScriptedDrafter
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from mtp_viz.cache import ENGINE_ENV, ENGINES, LEAN, TRANSFORMERS, CachedModel, engine_for, node_depths, tree_visibility
@@ -135,6 +136,7 @@ def test_compiled_forward_is_token_identical_for_every_lossless_strategy():
     generation = GenerationSettings(max_new_tokens=24)
     prompt = IDS[:7]
     eager = decode(model, "autoregressive", prompt, generation)[0]
+    eagle3 = ScriptedDrafter(model, prompt, eager, wrong_depth=2)  # its tapped forward runs in layer segments
     lean, lean_draft = lean_model(model), lean_model(draft)
     assert lean.compile() > 0 and lean_draft.compile() > 0
     try:
@@ -144,13 +146,14 @@ def test_compiled_forward_is_token_identical_for_every_lossless_strategy():
             "prompt_lookup": decode(model, "prompt_lookup", prompt, generation, min_ngram_size=1, max_ngram_size=2),
             "lookahead": decode(model, "lookahead", prompt, generation, level=3, window=3, guess=3),
             "self_speculative": decode(model, "self_speculative", prompt, generation, exit_layer=1),
+            "eagle": decode(model, "eagle", prompt, generation, eagle3=eagle3, draft_tree="dynamic", branching=2),
         }
     finally:
         lean.decompile()
         lean_draft.decompile()
     for name, (output, _) in runs.items():
         assert output == eager, name
-    assert any(s.accepted for s in runs["speculative"][1])
+    assert any(s.accepted for s in runs["speculative"][1]) and any(s.accepted for s in runs["eagle"][1])
 
 
 def test_compile_unavailable_falls_back_to_eager_with_a_reason(monkeypatch):

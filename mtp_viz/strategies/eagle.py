@@ -214,18 +214,18 @@ def run(ctx: DecodeContext, settings: EagleSettings) -> Iterator[Step]:
         tokens = drafter.to_target_ids(torch.tensor(tree.ids, dtype=torch.long, device=drafter.d2t.device)).tolist()
         steps.drafted()
         # verify: one target forward over the unseen tokens and every node, tree-masked, features tapped
-        chain = len(seq) - target.length
+        unseen = len(seq) - target.length
         visibility = tree_visibility(tree.parents)
         logits, features = target.forward_features(seq, taps, tokens, node_depths(tree.parents), visibility)
         steps.verified()
         # accept: the longest root path the target agrees with, then its own token
         verdict, p_target = verify_tree(ctx, logits, tokens, tree.parents)
         emitted_ids = ctx.clip([tokens[i] for i in verdict.path] + [verdict.next_token])
-        # commit: keep the accepted nodes' key/values; their features (and the fed tokens') feed the drafter
+        # commit: keep the accepted nodes' key/values; the drafter reads the committed rows' features next step
         ctx.output.extend(emitted_ids)
         path = verdict.path[: len(emitted_ids) - 1]
         target.keep(len(seq), path)
-        drafting.read(features[list(range(chain)) + [chain + i for i in path]])
+        drafting.read(features[list(range(unseen)) + [unseen + i for i in path]])
         outcome = record_tree(verdict, p_target, tokens, tree.parents, emitted_ids)
         drafted = [
             DraftToken(t, f"eagle_d{d}", q, parent=par)
@@ -236,7 +236,7 @@ def run(ctx: DecodeContext, settings: EagleSettings) -> Iterator[Step]:
             outcome,
             drafted=drafted,
             draft_forwards=drafting.forwards - forwards,
-            input_tokens=chain + len(tokens),
+            input_tokens=unseen + len(tokens),
             kv_len=target.length,
             extra=extra,
         )
