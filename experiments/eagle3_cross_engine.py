@@ -48,7 +48,7 @@ def main() -> None:
     texts = [q.text for q in prompts]
     base = RunRequest(model=args.model, generation=GenerationSettings(max_new_tokens=args.max_new_tokens))
     eagle = replace(
-        base, strategy="eagle", draft=args.eagle3, strategy_settings={"draft_tree": CHAIN, "depth": args.depth}
+        base, strategy="eagle", eagle3=args.eagle3, strategy_settings={"draft_tree": CHAIN, "depth": args.depth}
     )
 
     print(f"our engine: eagle, chain of {args.depth}, drafter {args.eagle3}", flush=True)

@@ -240,4 +240,4 @@ def test_the_vllm_plan_serves_the_registered_checkpoint_directory(target, tiny_r
     assert p.draft_name == "t-eagle3" and p.settings.draft_tree == "chain" and p.note == EAGLE_CHAIN_NOTE
     assert "--speculative-config" in p.server.extra_args
     with pytest.raises(UserError, match="t-missing is registered at .*train eagle"):
-        plan(RunRequest(prompt="hi", model="t", strategy="eagle", draft="t-missing", device="cpu"))
+        plan(RunRequest(prompt="hi", model="t", strategy="eagle", eagle3="t-missing", device="cpu"))

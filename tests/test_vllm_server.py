@@ -171,7 +171,7 @@ def test_eagle3_on_vllm_writes_vllms_plain_output_and_reports_its_drafts(tmp_pat
         RunRequest(
             model="smollm2-135m",
             strategy="eagle",
-            draft=str(tmp_path / "eagle3"),
+            eagle3=str(tmp_path / "eagle3"),
             strategy_settings={"depth": 3},
             generation=generation,
         )

@@ -34,9 +34,7 @@ def add(sub) -> None:
 
 def _add_request(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="registry id or local model directory (default: the device's default)")
-    p.add_argument(
-        "--draft", help="draft model: registry id or local directory (eagle on vLLM: an EAGLE-3 drafter's id or folder)"
-    )
+    p.add_argument("--draft", help="draft model: registry id or local directory")
     p.add_argument("--strategy", default="autoregressive", help=f"one of: {', '.join(STRATEGIES)}")
     p.add_argument("--prompt", required=True)
     p.add_argument("--raw", action="store_true", help="feed the prompt without the chat template")

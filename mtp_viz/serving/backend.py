@@ -76,7 +76,7 @@ class VLLMPlan:
 
 def plan(request: RunRequest) -> VLLMPlan:
     """Check a request can run on vLLM and work out its server (exporting the draft if needed;
-    `eagle`: `request.draft` names the EAGLE-3 drafter, default the model's first registered)."""
+    `eagle`: `request.eagle3` names the EAGLE-3 drafter, as on our engine, default the model's first registered)."""
     strategy = served(request.strategy)
     device = resolve_device(request.device)
     values = strategy.served_values(request.strategy_settings)
@@ -91,7 +91,7 @@ def plan(request: RunRequest) -> VLLMPlan:
             raise UserError(f"speculative on vLLM needs a draft model; none is registered for {name}: pass --draft")
         draft_dir = str(export_draft(draft_name))
     if request.strategy == "eagle":  # our checkpoint is in vLLM's format already: served as it is
-        drafter = eagle3_entry(target.name, request.draft)
+        drafter = eagle3_entry(target.name, request.eagle3)
         draft_name, draft_dir = drafter.id, str(eagle3_dir(drafter))
     spec = strategy.speculative_config(settings, draft_dir)
     dtype = (
