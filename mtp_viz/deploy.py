@@ -10,7 +10,7 @@ import torch
 
 from mtp_viz.errors import UserError
 from mtp_viz.labels import BENCH_COLUMNS, is_peer
-from mtp_viz.models import load_heads_for, load_model, resolve_device
+from mtp_viz.models import load_eagle3_for, load_heads_for, load_model, resolve_device
 from mtp_viz.registry import load_registry
 from mtp_viz.runner import build_strategy_settings, parse_variant
 from mtp_viz.strategies import STRATEGIES, get_strategy
@@ -97,6 +97,13 @@ def cost_of(
         _, heads = load_heads_for(target, extra)
         params = own_parameters(heads, target.model)
         training = "MTP heads, self-distilled from the target"
+    elif strategy == "eagle" and extra:
+        _, drafter = load_eagle3_for(target, extra)
+        params = own_parameters(drafter, target.model)
+        c = drafter.config  # its one layer's KV cache
+        memory = 2 * c.num_key_value_heads * c.head_dim * context * drafter.fc.weight.element_size()
+        extra_models = 1
+        training = "an EAGLE-3 drafter, self-distilled from the target with training-time test"
     weights = sum(p.numel() * p.element_size() for p in params)
     return DeployCost(
         extra_models=extra_models,
@@ -123,6 +130,8 @@ def label_cost(model: str, label: str, row: pd.Series, context: int) -> DeployCo
         extra = entry.drafts[0] if entry.drafts else None
     elif spec.heads_needed(settings, entry.mask_token_id):
         extra = entry.heads[0] if entry.heads else None
+    elif spec.needs_eagle3:
+        extra = entry.eagle3[0] if entry.eagle3 else None
     tokens = float(row.get("mean_accepted_tokens") or 1.0)
     drafts = row.get("draft_forwards_per_forward")
     per_token = (1.0 / tokens, (0.0 if drafts is None or pd.isna(drafts) else float(drafts)) / tokens)

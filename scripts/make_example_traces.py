@@ -16,6 +16,9 @@ EXAMPLES = {
     "prompt-lookup-code-edit": RunRequest(
         prompt=CODE_EDIT_PROMPT, strategy="prompt_lookup", generation=GenerationSettings(max_new_tokens=96)
     ),
+    "eagle-code-edit": RunRequest(
+        prompt=CODE_EDIT_PROMPT, strategy="eagle", generation=GenerationSettings(max_new_tokens=96)
+    ),
     "speculative-early-exit-sampling": RunRequest(
         prompt=spec_bench_prompt(121),
         strategy="speculative",

@@ -5,11 +5,12 @@ import json
 
 import pandas as pd
 import pytest
+import torch
 from conftest import tiny_model
 
 from mtp_viz import profile
 from mtp_viz.__main__ import main
-from mtp_viz.deploy import DEPLOY_CONTEXT, concurrency_curves, deploy_table, kv_cache_bytes
+from mtp_viz.deploy import DEPLOY_CONTEXT, concurrency_curves, cost_of, deploy_table, kv_cache_bytes
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.models import load_model
 from mtp_viz.profile import batch_profile
@@ -231,3 +232,20 @@ def test_the_draft_cost_measured_on_the_engine_reproduces_its_single_client_spee
     assert rows.loc[1, "calibrated_speedup"] == pytest.approx(0.85) and rows.loc[1, "calibrated_error"] == 0
     assert rows.loc[1, "predicted_speedup"] == pytest.approx(1.25 / 1.1)  # the profile's c = 0.1
     assert rows.loc[8, "calibrated_speedup"] == pytest.approx(1.25 / (1.4 + c))
+
+
+def test_an_eagle_deployment_costs_its_drafter_and_its_one_layer_cache(use_tiny_registry, tmp_path):
+    from mtp_viz.drafters.eagle3 import save_eagle3
+    from mtp_viz.training.eagle import build_drafter
+
+    target = load_model("tiny")
+    drafter = build_drafter(target.model, (0, 1, 1), torch.arange(20))
+    drafter.embed_tokens = None  # the target's, shared: not the drafter's cost
+    save_eagle3(drafter, tmp_path / "eagle3")
+    cost = cost_of("tiny", "eagle", str(tmp_path / "eagle3"), DEPLOY_CONTEXT, (0.5, 1.5))
+    own = sum(p.numel() for p in drafter.parameters())
+    c = drafter.config
+    cache = 2 * c.num_key_value_heads * c.head_dim * DEPLOY_CONTEXT * 4
+    assert cost.extra_models == 1 and cost.extra_params == own
+    assert cost.extra_memory_mb == pytest.approx((own * 4 + cache) / 2**20, abs=1e-3)
+    assert "EAGLE-3" in cost.training and cost.draft_forwards_per_token == 1.5
