@@ -109,7 +109,8 @@ def test_a_child_tied_with_its_parent_is_never_kept_without_it():
 
 
 def test_chain_settings_are_a_one_child_tree():
-    assert EagleSettings().draft_tree == CHAIN and EagleSettings().shape == (3, 1, 3)
+    assert EagleSettings().draft_tree == CHAIN and EagleSettings().shape == (1, 1, 1)  # the CPU default: one draft
+    assert EagleSettings(depth=3).shape == (3, 1, 3)
     assert EagleSettings(draft_tree=DYNAMIC, depth=4, branching=3, nodes=9).shape == (4, 3, 9)
 
 
@@ -145,11 +146,11 @@ def test_greedy_identical_to_autoregressive_with_a_random_drafter(name, engine, 
     generation = GenerationSettings(max_new_tokens=30)
     reference, _ = decode(model, "autoregressive", PROMPT, generation)
     drafter = tiny_drafter(model, seed=2, draft_vocab_size=48)
-    for settings in ({}, {"draft_tree": DYNAMIC, "depth": 4, "branching": 3, "nodes": 10}):
+    for settings in ({"depth": 3}, {"draft_tree": DYNAMIC, "depth": 4, "branching": 3, "nodes": 10}):
         out, steps = decode(model, "eagle", PROMPT, generation, eagle3=drafter, **settings)
         assert out == reference, settings
         assert all(s.extra["aux_layers"] == list(drafter.config.aux_layer_ids) for s in steps)
-        assert not steps[0].drafted and steps[1].drafted and steps[1].draft_forwards == settings.get("depth", 3)
+        assert not steps[0].drafted and steps[1].drafted and steps[1].draft_forwards == settings["depth"]
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -222,7 +223,10 @@ def test_the_runner_loads_the_targets_drafter_and_records_it(use_tiny_registry, 
     generation = GenerationSettings(max_new_tokens=12)
     base = RunRequest(prompt="the cat sat", model="tiny", generation=generation)
     reference = run(base)
-    trace = run(RunRequest(prompt="the cat sat", model="tiny", generation=generation, strategy="eagle"))
+    eagle = {"depth": 3}  # deeper than the CPU default, so the replay has a tree to draw
+    trace = run(
+        RunRequest(prompt="the cat sat", model="tiny", generation=generation, strategy="eagle", strategy_settings=eagle)
+    )
     assert asked == [("tiny", None)] and trace.draft_model == "tiny-eagle3"
     assert trace.output_token_ids == reference.output_token_ids
     assert trace.settings["draft_tree"] == CHAIN and trace.settings["top_k"] == 0  # no clash with sampling's

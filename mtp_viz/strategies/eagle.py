@@ -42,13 +42,16 @@ MAX_NODES = 128
 
 @dataclass(frozen=True)
 class EagleSettings:
-    # The CPU defaults are a first guess (a chain of 3, what vLLM's EAGLE serves): they will be set
-    # by measuring the trained drafter on the CPU engine. The GPU ones are EAGLE-2's scale (top-10,
-    # ~60 nodes), where a wide verify costs little more than a narrow one; also to be measured.
+    # CPU: one draft, measured fastest with the shipped drafter on Spec-Bench (13 prompts x 128 tokens,
+    # q4, 2-core AMD EPYC, 2026-12-05; assets/bench/cpu-smollm2-135m-eagle): a chain of 1 ran at 0.88x
+    # AR (1.30 tokens per forward), of 2 at 0.76x (1.37), of 3 at 0.66x (1.40), dynamic trees of 4-8
+    # nodes at 0.37-0.47x (1.52-1.65): a q4 verify costs 1.26x a one-token forward at 2 rows and more
+    # per row after, and the drafter ~3 ms a step. The GPU defaults are EAGLE-2's scale (top-10, ~60
+    # nodes), where a wide verify costs little more than a narrow one: not measured (no GPU lent).
     draft_tree: str = setting(
         CHAIN, "Draft: chain (top guess per depth) or dynamic (EAGLE-2 tree)", choices=DRAFT_TREES, gpu=DYNAMIC
     )
-    depth: int = setting(3, "Draft depth (drafter steps)", low=1, high=MAX_DEPTH, gpu=6)
+    depth: int = setting(1, "Draft depth (drafter steps)", low=1, high=MAX_DEPTH, gpu=6)
     branching: int = setting(
         4,
         "Dynamic tree: children per expanded node and nodes expanded per depth (EAGLE-2's top-k)",
