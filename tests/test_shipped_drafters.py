@@ -1,4 +1,4 @@
-"""The trained draft and MTP heads shipped for the embedded model: they load through the registry,
+"""The trained draft, MTP heads and EAGLE-3 drafter shipped for the embedded model: they load through the registry,
 have the right shapes, and on a fixed held-out prompt agree with the target clearly more often than
 untrained drafters of the same architecture.
 
@@ -8,6 +8,7 @@ The prompt comes from the training prompts' generator but was not among the trai
 1.0). The thresholds sit well below those values; docs/training.md has the held-out Spec-Bench figures."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,16 +18,18 @@ from conftest import decode
 from mtp_viz.drafters import mask
 from mtp_viz.drafters.draft import build_draft, read_spec
 from mtp_viz.drafters.heads import HeadsSpec, build_heads
-from mtp_viz.models import load_heads_for, load_model
+from mtp_viz.models import load_eagle3_for, load_heads_for, load_model
 from mtp_viz.prompts import spec_bench
 from mtp_viz.registry import load_registry
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.training.data import DataConfig, pre_query_ids
+from mtp_viz.training.eagle import build_drafter
 from mtp_viz.training.prompts import instruction_prompts, math_prompts
 
 pytestmark = pytest.mark.slow
 MODEL, DRAFT, HEADS, MASK = "smollm2-135m", "smollm2-135m-draft", "smollm2-135m-mtp", "smollm2-135m-mask"
+EAGLE3 = "smollm2-135m-eagle3"
 PROMPT = "A shop sells 15 apples every day. How many apples does it sell in 15 days?"
 TOKENS = 48
 SELF_INSTRUCT = Path(__file__).resolve().parent.parent / "docs" / "results" / "smollm2-135m-self-instruct-prompts.json"
@@ -133,3 +136,32 @@ def test_shipped_mask_adapter_loads_through_the_registry_and_beats_an_untrained_
     trained = tokens_per_forward(loaded.model)
     untrained = tokens_per_forward(mask.mask_model(target.model, spec))
     assert trained > 1.2 and trained > untrained + 0.15, (trained, untrained)
+
+
+def test_shipped_eagle3_drafter_loads_and_beats_an_untrained_one(target, prompt_ids):
+    """Its data took the first 500 template prompts and 100 word problems: PROMPT was not among them.
+    Measured on it (48 greedy tokens, fp32): a chain of 3 keeps 2.53 tokens per target forward, an
+    untrained drafter of the same shapes 1.0."""
+    assert PROMPT not in instruction_prompts(500) and PROMPT not in math_prompts(100)
+    assert load_registry().models[MODEL].eagle3[0] == EAGLE3
+    name, drafter = load_eagle3_for(target)
+    assert name == EAGLE3 and drafter.config.aux_layer_ids == (2, 15, 27)
+    assert drafter.embed_tokens is target.model.get_input_embeddings()  # shared, not shipped
+    _, trained = acceptance(target, prompt_ids, "eagle", eagle3=drafter, depth=3)
+    vocab = drafter.to_target_ids(torch.arange(drafter.config.draft_vocab_size))
+    fresh = build_drafter(target.model, drafter.config.aux_layer_ids, vocab).eval()
+    _, untrained = acceptance(target, prompt_ids, "eagle", eagle3=fresh, depth=3)
+    assert trained > 1.8 and trained > untrained + 0.5, (trained, untrained)  # tokens per target forward
+
+
+@pytest.mark.parametrize("weights", ["fp32", "auto"])
+def test_eagle_with_the_shipped_drafter_is_autoregressive_decoding(weights):
+    """Greedy, on the embedded model in fp32 and in the weights `auto` picks on this machine: a chain
+    and a dynamic tree emit exactly the autoregressive tokens."""
+    generation = GenerationSettings(max_new_tokens=TOKENS)
+    base = RunRequest(prompt=PROMPT, model=MODEL, generation=generation, weights=weights)
+    reference = run(base).output_token_ids
+    for settings in ({"depth": 3}, {"draft_tree": "dynamic", "depth": 3, "branching": 2, "nodes": 4}):
+        trace = run(replace(base, strategy="eagle", strategy_settings=settings))
+        assert trace.output_token_ids == reference, settings
+        assert trace.draft_model == EAGLE3 and trace.summary["mean_accepted_tokens"] > 1.5
