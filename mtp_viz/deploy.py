@@ -8,9 +8,10 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 import torch
 
+from mtp_viz.eagle3_models import load_eagle3_for
 from mtp_viz.errors import UserError
 from mtp_viz.labels import BENCH_COLUMNS, is_peer
-from mtp_viz.models import load_eagle3_for, load_heads_for, load_model, resolve_device
+from mtp_viz.models import load_heads_for, load_model, resolve_device
 from mtp_viz.registry import load_registry
 from mtp_viz.runner import build_strategy_settings, parse_variant
 from mtp_viz.strategies import STRATEGIES, get_strategy

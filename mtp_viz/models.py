@@ -25,7 +25,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from mtp_viz.drafters.draft import load_draft
-from mtp_viz.drafters.eagle3 import Eagle3Drafter, load_eagle3
 from mtp_viz.drafters.heads import MTPHeads, load_heads
 from mtp_viz.drafters.mask import load_mask_model
 from mtp_viz.errors import IncompatibleDraftError, UnknownModelError, UserError
@@ -33,7 +32,7 @@ from mtp_viz.gguf_codes import cached_q4_codes
 from mtp_viz.kernels import plan_of, use_fast_linears
 from mtp_viz.linear_plan import tune
 from mtp_viz.paths import cache_root
-from mtp_viz.registry import Eagle3Entry, ModelEntry, Source, load_registry
+from mtp_viz.registry import ModelEntry, Source, load_registry
 from mtp_viz.row_plan import describe as describe_rows
 from mtp_viz.row_plan import plan_rows
 from mtp_viz.weights import AUTO, FP32, Q4, Q4Codes, apply_format, check_format, format_of
@@ -116,7 +115,7 @@ def display_name(name: str) -> str:
     return Path(name).name if is_model_dir(name) and name not in load_registry().models else name
 
 
-_load_lock = threading.RLock()  # re-entered when an early-exit model loads its base
+load_lock = threading.RLock()  # every load, drafters too; re-entered when an early-exit model loads its base
 
 
 def load_model(name: str, device: str | None = None, dtype: str | None = None, weights: str = FP32) -> LoadedModel:
@@ -124,7 +123,7 @@ def load_model(name: str, device: str | None = None, dtype: str | None = None, w
     its linear layers in weight format `weights` (mtp_viz.weights; auto: the one measured best here)."""
     dev = resolve_device(device)
     dt = str(resolve_dtype(dtype, dev)).removeprefix("torch.")
-    with _load_lock:
+    with load_lock:
         if weights == AUTO:
             weights = base_format(name, str(dev), dt)
         check_format(weights, dev)
@@ -322,83 +321,13 @@ def load_heads_for(target: LoadedModel, heads: str | None = None) -> tuple[str, 
     else:
         registry.get_heads(heads)  # raises with the list of known heads
         raise AssertionError("unreachable")
-    with _load_lock:
+    with load_lock:
         return heads, _heads_cached(target, str(path))
 
 
 @cache
 def _heads_cached(target: LoadedModel, path: str) -> MTPHeads:
     return apply_format(load_heads(target.model, Path(path)), target.weights)  # the target's format
-
-
-TRAIN_EAGLE3 = "python -m mtp_viz train eagle"
-EAGLE3_FILES = ("config.json", "*.safetensors", "*.bin")  # what a hub checkpoint's download fetches
-
-
-def load_eagle3_for(target: LoadedModel, eagle3: str | None = None) -> tuple[str, Eagle3Drafter]:
-    """The named EAGLE-3 drafter (registry id or a checkpoint directory), or the target's first
-    registered one, on the target's device, sharing its token embedding (cached per target)."""
-    entry = eagle3_entry(target.name, eagle3)
-    with _load_lock:
-        return entry.id, _eagle3_cached(target, entry)
-
-
-def eagle3_entry(target: str, eagle3: str | None = None) -> Eagle3Entry:
-    """Which EAGLE-3 drafter a run of model `target` uses: `eagle3` (a registry id or a checkpoint
-    directory), or the target's first registered one."""
-    registry = load_registry()
-    if eagle3 is None:
-        entry = registry.models.get(target)
-        if entry is None or not entry.eagle3:
-            raise UserError(f"no EAGLE-3 drafter registered for {target}; train one with {TRAIN_EAGLE3}")
-        eagle3 = entry.eagle3[0]
-    if eagle3 in registry.eagle3:
-        drafter = registry.get_eagle3(eagle3)
-        if drafter.base != target:
-            raise UserError(f"EAGLE-3 drafter {eagle3} was trained for {drafter.base}, not {target}")
-        return drafter
-    if Path(eagle3).is_dir():
-        return Eagle3Entry(eagle3, eagle3, target, path=eagle3)
-    registry.get_eagle3(eagle3)  # raises with the list of known drafters
-    raise AssertionError("unreachable")
-
-
-def eagle3_dir(entry: Eagle3Entry) -> Path:
-    """Where a registered drafter's checkpoint lies (a hub repo is downloaded once, when reachable)."""
-    if entry.repo is not None:
-        if not hub_reachable():
-            raise UserError(f"EAGLE-3 drafter {entry.id} lives on the Hugging Face Hub ({entry.repo}), not reachable")
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(entry.repo, allow_patterns=list(EAGLE3_FILES)))
-    path = Path(entry.path)
-    if not (path / "config.json").is_file():
-        raise UserError(
-            f"EAGLE-3 drafter {entry.id} is registered at {path}, which holds no checkpoint yet; "
-            f"train it with {TRAIN_EAGLE3}"
-        )
-    return path
-
-
-@cache
-def _eagle3_cached(target: LoadedModel, entry: Eagle3Entry) -> Eagle3Drafter:
-    embed = target.model.get_input_embeddings()
-    layers = target.model.config.num_hidden_layers
-    dtype = target.model.dtype if target.device.type != "cpu" else torch.float32  # the target's float dtype on GPU
-    drafter = load_eagle3(eagle3_dir(entry), embed=embed, target_layers=layers, dtype=dtype)
-    c, (vocab, hidden) = drafter.config, embed.weight.shape
-    problems = []
-    if c.vocab_size != vocab:
-        problems.append(f"vocabulary {c.vocab_size} (the target's: {vocab})")
-    if (c.target_hidden_size or c.hidden_size) != hidden:
-        problems.append(f"target hidden size {c.target_hidden_size or c.hidden_size} (the target's: {hidden})")
-    if not drafter.owns_embedding and c.hidden_size != hidden:
-        problems.append(f"hidden size {c.hidden_size} without its own embedding (the target's: {hidden})")
-    if not all(0 <= i <= layers for i in c.aux_layer_ids):
-        problems.append(f"aux layers {list(c.aux_layer_ids)} (the target has {layers})")
-    if problems:
-        raise UserError(f"EAGLE-3 drafter {entry.id} does not fit {target.name}: {'; '.join(problems)}")
-    return drafter.to(target.device)
 
 
 def _from_dir(path: Path, device: torch.device, dtype: torch.dtype):

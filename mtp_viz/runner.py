@@ -14,6 +14,7 @@ import torch
 from mtp_viz.cache import LEAN, CachedModel, engine_for
 from mtp_viz.clock import Clock
 from mtp_viz.detok import TextTracker
+from mtp_viz.eagle3_models import load_eagle3_for
 from mtp_viz.errors import InvalidSettingsError, UserError
 from mtp_viz.lean import CompileUnavailable, lean_model
 from mtp_viz.machine import machine_info
@@ -21,7 +22,6 @@ from mtp_viz.models import (
     LoadedModel,
     encode_prompt,
     linear_path,
-    load_eagle3_for,
     load_heads_for,
     load_model,
     resolve_device,

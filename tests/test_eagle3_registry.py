@@ -8,10 +8,11 @@ import torch
 from conftest import save_tiny_dir
 from safetensors.torch import load_file
 
-from mtp_viz import models
+from mtp_viz import eagle3_models
 from mtp_viz.drafters.eagle3 import Eagle3Config, Eagle3Drafter, save_eagle3
+from mtp_viz.eagle3_models import load_eagle3_for
 from mtp_viz.errors import UnknownModelError, UserError
-from mtp_viz.models import load_eagle3_for, load_model
+from mtp_viz.models import load_model
 from mtp_viz.registry import DEFAULT_REGISTRY, _load, parse_registry
 
 TARGET_LAYERS = 2  # conftest's llama-2l: hidden 32, 4 heads, 2 kv heads
@@ -155,7 +156,7 @@ def test_a_drafter_of_another_base_or_unknown_id_is_refused(target, tiny_root, m
 
 
 def test_a_hub_drafter_without_the_hub_is_a_clear_error(target, monkeypatch):
-    monkeypatch.setattr(models, "hub_reachable", lambda: False)
+    monkeypatch.setattr(eagle3_models, "hub_reachable", lambda: False)
     with pytest.raises(UserError, match="t-hub lives on the Hugging Face Hub \\(someone/EAGLE3-tiny\\), not reachable"):
         load_eagle3_for(target, "t-hub")
 
@@ -174,11 +175,11 @@ def test_a_hub_drafter_is_downloaded_once_reachable(target, tiny_root, monkeypat
         asked.append((repo, tuple(allow_patterns)))
         return str(tiny_root / "eagle3" / "t")
 
-    monkeypatch.setattr(models, "hub_reachable", lambda: True)
+    monkeypatch.setattr(eagle3_models, "hub_reachable", lambda: True)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
     name, drafter = load_eagle3_for(target, "t-hub")
     assert name == "t-hub" and drafter.config.draft_vocab_size == 8
-    assert asked == [("someone/EAGLE3-tiny", models.EAGLE3_FILES)]
+    assert asked == [("someone/EAGLE3-tiny", eagle3_models.EAGLE3_FILES)]
 
 
 def test_the_published_llama_drafter_is_registered_for_its_target():

@@ -146,11 +146,11 @@ def test_greedy_identical_to_autoregressive_with_a_random_drafter(name, engine, 
     generation = GenerationSettings(max_new_tokens=30)
     reference, _ = decode(model, "autoregressive", PROMPT, generation)
     drafter = tiny_drafter(model, seed=2, draft_vocab_size=48)
-    for settings in ({"depth": 3}, {"draft_tree": DYNAMIC, "depth": 4, "branching": 3, "nodes": 10}):
+    for settings in ({}, {"depth": 3}, {"draft_tree": DYNAMIC, "depth": 4, "branching": 3, "nodes": 10}):
         out, steps = decode(model, "eagle", PROMPT, generation, eagle3=drafter, **settings)
         assert out == reference, settings
         assert all(s.extra["aux_layers"] == list(drafter.config.aux_layer_ids) for s in steps)
-        assert not steps[0].drafted and steps[1].drafted and steps[1].draft_forwards == settings["depth"]
+        assert not steps[0].drafted and steps[1].drafted and steps[1].draft_forwards == settings.get("depth", 1)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -52,11 +52,9 @@ def _lossless_runs(model, draft, generation, eos=()):
     # an EAGLE-3 drafter that knows the greedy continuation but guesses wrong first at depth 2
     continuation, _ = decode(model, "autoregressive", PROMPT, GenerationSettings(max_new_tokens=48))
     eagle3 = ScriptedDrafter(model, PROMPT, continuation, wrong_depth=2)
-    yield ("eagle chain", *decode(model, "eagle", PROMPT, generation, eos=eos, eagle3=eagle3))
-    yield (
-        "eagle dynamic",
-        *decode(model, "eagle", PROMPT, generation, eos=eos, eagle3=eagle3, draft_tree="dynamic", branching=2, nodes=6),
-    )
+    yield ("eagle chain of 3", *decode(model, "eagle", PROMPT, generation, eos=eos, eagle3=eagle3, depth=3))
+    dynamic = {"draft_tree": "dynamic", "depth": 3, "branching": 2, "nodes": 6}
+    yield ("eagle dynamic", *decode(model, "eagle", PROMPT, generation, eos=eos, eagle3=eagle3, **dynamic))
     for k, n in ((3, 1), (8, 3)):  # n-gram sizes 1..1 and 2..3
         yield (
             f"prompt_lookup k={k} n={n}",

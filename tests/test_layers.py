@@ -20,7 +20,11 @@ LAYERS = (
     ("runner", "runner"),  # a request → a strategy's run → a trace
     ("strategies", "strategies"),  # decoding algorithms yielding steps
     # loading, weight formats, drafters, the lean forward
-    ("models", "cache drafters gguf_codes kv_slots lean models projections registry row_plan weights weights_auto"),
+    (
+        "models",
+        "cache drafters eagle3_models gguf_codes kv_slots lean models projections registry row_plan weights "
+        "weights_auto",
+    ),
     (
         "foundation",
         "__init__ child clock detok errors kernels labels linear_plan machine paths prompts sampling theory trace",

@@ -12,9 +12,10 @@ from typing import Any
 import httpx
 
 from mtp_viz.detok import TextTracker
+from mtp_viz.eagle3_models import eagle3_dir, eagle3_entry
 from mtp_viz.errors import UserError
 from mtp_viz.machine import machine_info
-from mtp_viz.models import LoadedModel, eagle3_dir, eagle3_entry, encode_prompt, load_model, resolve_device
+from mtp_viz.models import LoadedModel, encode_prompt, load_model, resolve_device
 from mtp_viz.registry import load_registry
 from mtp_viz.runner import MAX_PROMPT_CHARS, RunRequest, attach_text, build_strategy_settings, valid_unicode
 from mtp_viz.serving.client import Completion, complete, completion_body

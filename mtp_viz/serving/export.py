@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 
 from mtp_viz.drafters.eagle3 import CONFIG_FILE, load_eagle3, save_eagle3
+from mtp_viz.eagle3_models import eagle3_dir
 from mtp_viz.errors import UserError
 from mtp_viz.models import (
     DTYPES,
     LoadedModel,
     cache_root,
-    eagle3_dir,
     is_model_dir,
     load_model,
     save_atomically,
