@@ -8,7 +8,7 @@ import torch
 from conftest import save_tiny_dir
 from safetensors.torch import load_file
 
-from mtp_viz import eagle3_models
+from mtp_viz import eagle3_models, models
 from mtp_viz.drafters.eagle3 import Eagle3Config, Eagle3Drafter, save_eagle3
 from mtp_viz.eagle3_models import load_eagle3_for
 from mtp_viz.errors import UnknownModelError, UserError
@@ -69,8 +69,12 @@ def tiny_root(tmp_path_factory):
 
 @pytest.fixture
 def target(tiny_root, monkeypatch):
+    """Model "t" of this file's registry. The loader caches by name and other files' registries name
+    a model "t" too (test_mask_mtp), so the cache is emptied before and after, whatever ran first."""
     monkeypatch.setenv("MTP_VIZ_MODELS", str(tiny_root / "models.yaml"))
-    return load_model("t", "cpu", "float32")
+    models._load_cached.cache_clear()
+    yield load_model("t", "cpu", "float32")
+    models._load_cached.cache_clear()
 
 
 def test_the_registry_reads_eagle3_entries_and_resolves_paths(tiny_root):
