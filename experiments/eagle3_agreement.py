@@ -35,10 +35,7 @@ STEPS = 3
 @torch.inference_mode()
 def eagle_examples(model, drafter, seqs, cfg) -> list[eagle.Example]:
     layers = drafter.config.aux_layer_ids
-    index = torch.full((drafter.config.vocab_size,), -1, dtype=torch.long)
-    index[drafter.to_target_ids(torch.arange(drafter.config.draft_vocab_size))] = torch.arange(
-        drafter.config.draft_vocab_size
-    )
+    index = drafter.to_draft_index()
     out = []
     for s in seqs:
         states = model.model(input_ids=s.tokens[None].long(), output_hidden_states=True).hidden_states

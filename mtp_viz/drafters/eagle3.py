@@ -260,6 +260,13 @@ class Eagle3Drafter(nn.Module):
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 
+    def to_draft_index(self) -> torch.Tensor:
+        """(V,): each target id's draft id, −1 outside the draft vocabulary."""
+        draft_ids = torch.arange(self.config.draft_vocab_size, device=self.d2t.device)
+        index = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=self.d2t.device)
+        index[self.to_target_ids(draft_ids)] = draft_ids
+        return index
+
     def target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """(T, draft_V) → (T, V), −inf outside the draft vocabulary (vLLM's compute_logits)."""
         full = draft_logits.new_full((draft_logits.shape[0], self.config.vocab_size), float("-inf"))

@@ -17,6 +17,7 @@ vocabulary, answer positions weighted 1 and prompt positions `prompt_weight`, st
 `step_decay` ** (j − 1).
 """
 
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from mtp_viz.drafters.eagle3 import Eagle3Config, Eagle3Drafter, default_aux_layer_ids, load_eagle3, save_eagle3
 from mtp_viz.drafters.vocab import frequent_tokens
 from mtp_viz.training.data import Sequence, load_sequences, shards
+from mtp_viz.training.draft import batches_of
 from mtp_viz.training.loop import LoopConfig, TrainJob, seed_everything
 
 FEATURES = "features"  # the cached target features, per aux-layer choice: data/features/<ids>/<shard>.pt
@@ -142,19 +144,6 @@ def example(s: Sequence, features: torch.Tensor, index: torch.Tensor, cfg: Eagle
     )
 
 
-def batches_of(exs: list[Example], budget: int, generator: torch.Generator) -> list[list[int]]:
-    """Example indices grouped by length into batches of about `budget` padded tokens, in random order."""
-    order = sorted(range(len(exs)), key=lambda i: len(exs[i].tokens))
-    out, current = [], []
-    for i in order:
-        if current and (len(current) + 1) * len(exs[i].tokens) > budget:
-            out.append(current)
-            current = []
-        current.append(i)
-    out += [current] if current else []
-    return [out[i] for i in torch.randperm(len(out), generator=generator).tolist()]
-
-
 def collate(exs: list[Example]) -> dict[str, torch.Tensor]:
     """Right-padded batch tensors (padding has weight 0)."""
     length = max(len(e.tokens) for e in exs)
@@ -245,8 +234,8 @@ def agreement(drafter: Eagle3Drafter, exs: list[Example], steps: int, budget: in
     every label lies in an answer."""
     right, counted, alive_sum = torch.zeros(steps), torch.zeros(steps), torch.zeros(steps)
     complete = 0.0
-    for group in batches_of(exs, budget, torch.Generator().manual_seed(0)):
-        batch = collate([exs[i] for i in group])
+    for group in batches_of(exs, budget, random.Random(0)):
+        batch = collate(group)
         t = batch["tokens"].shape[1] - 1
         reach = alive = None
         alives = []
@@ -282,17 +271,14 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
         drafter = build_drafter(model, layers, vocab)
     drafter.train()
     folder = cache_features(model, job.data, layers, job.log)
-    index = torch.full((drafter.config.vocab_size,), -1, dtype=torch.long)
-    index[drafter.to_target_ids(torch.arange(drafter.config.draft_vocab_size))] = torch.arange(
-        drafter.config.draft_vocab_size
-    )
+    index = drafter.to_draft_index()
     train_exs = examples(job.data, folder, index, cfg, holdout=False)
     val_exs = examples(job.data, folder, index, cfg, holdout=True)
     params = trained_parameters(drafter)
 
     def epoch_batches(epoch: int) -> list[dict[str, torch.Tensor]]:
-        g = torch.Generator().manual_seed(cfg.loop.seed * 1000 + epoch)
-        return [collate([train_exs[i] for i in group]) for group in batches_of(train_exs, cfg.tokens_per_batch, g)]
+        rng = random.Random(cfg.loop.seed * 1000 + epoch)
+        return [collate(group) for group in batches_of(train_exs, cfg.tokens_per_batch, rng)]
 
     def validate() -> dict[str, float]:
         drafter.eval()
