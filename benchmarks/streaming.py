@@ -22,7 +22,7 @@ from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import Trace
 from mtp_viz.ui.controls import setting_fields
 from mtp_viz.ui.explore import render as render_views
-from mtp_viz.ui.service import STREAM_INTERVAL_S
+from mtp_viz.ui.jobs import STREAM_INTERVAL_S
 from mtp_viz.viz.tokens import tokens_html
 
 

@@ -22,7 +22,7 @@ from mtp_viz.bench import load_suite
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.serving.backend import VLLMPlan, open_server, plan, prompt_ids, request_body, to_trace, warm_up
 from mtp_viz.serving.client import complete
-from mtp_viz.serving.load import after_prefill
+from mtp_viz.serving.engines import after_prefill
 from mtp_viz.serving.methods import CHAIN
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import Trace

@@ -4,22 +4,23 @@ with autoregressive decoding in the same invocation as the baseline of every spe
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 from mtp_viz.errors import UserError
 from mtp_viz.llama_peers import LLAMA_CPP_PEERS, LlamaCppPeers, PeerFailed, unavailable
+from mtp_viz.loading import DrafterRequest, load_drafting, load_model, model_name, resolve_device
 from mtp_viz.machine import machine_info
-from mtp_viz.models import load_heads_for, load_model, resolve_device
 from mtp_viz.peers import HF_ASSISTED, PEERS, PeerRun, run_peer
-from mtp_viz.prompts import spec_bench
+from mtp_viz.prompts import BenchPrompt, spec_bench
 from mtp_viz.quality import final_number, first_divergence, reference_answer, target_nll
 from mtp_viz.registry import load_registry
-from mtp_viz.runner import RunRequest, build_strategy_settings, parse_variant, run
+from mtp_viz.runner import RunRequest, run
 from mtp_viz.serving.peers import VLLM_PEERS, VLLMPeers
 from mtp_viz.strategies import STRATEGIES
+from mtp_viz.strategies.variants import build_strategy_settings, parse_variant
 from mtp_viz.trace import Trace, depth_counts
 
 log = logging.getLogger(__name__)
@@ -27,14 +28,6 @@ log = logging.getLogger(__name__)
 SUITES = ("spec-bench",)
 BASELINE = "autoregressive"
 MATH_CATEGORIES = ("math", "math_reasoning")  # final numbers compared with autoregressive's
-
-
-@dataclass(frozen=True)
-class BenchPrompt:
-    id: str
-    category: str
-    text: str
-    answer: str | None = None  # the reference's final answer, where it has one (GSM8K: after "####")
 
 
 def load_suite(suite: str, categories: list[str] | None = None, limit: int | None = None) -> list[BenchPrompt]:
@@ -82,14 +75,12 @@ def run_bench(
             raise UserError(f"unknown peer {peer!r}; choose from {', '.join(known)}")
     served = VLLMPeers([p for p in peers if p in VLLM_PEERS], base, settings_for)  # requests checked now
     run(replace(base, prompt=prompts[0].text, strategy=BASELINE))  # warm-up, not recorded
-    target = load_model(
-        base.model or load_registry().default_for(resolve_device(base.device).type), base.device, base.dtype
-    )
+    target = load_model(model_name(base.model, base.device), base.device, base.dtype)
     device_type = resolve_device(base.device).type
-    for name, values in variants.values():  # bad settings or missing heads fail before any timing
-        build_strategy_settings(name, {**settings_for(name), **values}, device_type)
-        if STRATEGIES[name].needs_heads:
-            load_heads_for(target, base.heads)
+    for name, values in variants.values():  # bad settings or missing drafters fail before any timing
+        settings = build_strategy_settings(name, {**settings_for(name), **values}, device_type)
+        drafters = DrafterRequest(name, base.draft, base.heads, base.eagle3, base.device, base.dtype, base.weights)
+        load_drafting(target, STRATEGIES[name].drafters(settings), drafters)
     if set(peers) & set(LLAMA_CPP_PEERS) and (why := unavailable(target.name)):
         log.warning(why)
         peers = [p for p in peers if p not in LLAMA_CPP_PEERS]

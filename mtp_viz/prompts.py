@@ -1,10 +1,21 @@
 """Benchmark and example prompts: the Spec-Bench questions shipped in mtp_viz/data (see its README)."""
 
 import json
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 SPEC_BENCH = Path(__file__).resolve().parent / "data" / "spec_bench_questions.jsonl"
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    """One benchmark question: its id and category in the suite, its first turn, and its reference's answer."""
+
+    id: str
+    category: str
+    text: str
+    answer: str | None = None  # the reference's final answer, where it has one (GSM8K: after "####")
 
 
 @cache

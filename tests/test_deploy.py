@@ -216,7 +216,7 @@ def test_serving_sweep_is_drawn_beside_the_prediction_with_its_error(tmp_path):
 
 
 def test_the_draft_cost_measured_on_the_engine_reproduces_its_single_client_speedup():
-    from mtp_viz.serving.load import engine_draft_cost, with_prediction
+    from mtp_viz.serving.prediction import engine_draft_cost, with_prediction
 
     table = pd.DataFrame(
         [

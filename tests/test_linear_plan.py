@@ -324,12 +324,12 @@ def test_the_tune_command_prints_the_table_and_caches_unless_a_dry_run(cache, us
 
 def test_the_app_measures_again_and_switches_the_loaded_model(cache, use_tiny_registry, monkeypatch):
     from mtp_viz.models import load_model
-    from mtp_viz.ui import service
+    from mtp_viz.ui.measure import remeasure_linear_plan
     from mtp_viz.ui.theory_tab import plans_note
 
     assert "No linear plan measured" in plans_note()
     monkeypatch.setattr(linear_plan, "measure", scripted_measure)
-    *_, last = service.remeasure_linear_plan("tiny")
+    *_, last = remeasure_linear_plan("tiny")
     (record,) = machine_records()
     assert record["by"] == BY_APP and last == describe_record(record)
     assert plan_of(load_model("tiny", "cpu", "float32").model).padded == tuple(record["padded"])

@@ -18,7 +18,7 @@ import torch
 from optional import require
 
 from mtp_viz import llama_peers
-from mtp_viz.bench import BenchPrompt, load_suite, results_table, run_bench, save
+from mtp_viz.bench import load_suite, results_table, run_bench, save
 from mtp_viz.labels import peer_kind
 from mtp_viz.llama_peers import (
     LLAMA_CPP_AUTOREGRESSIVE,
@@ -31,6 +31,7 @@ from mtp_viz.llama_peers import (
 )
 from mtp_viz.machine import describe
 from mtp_viz.models import encode_prompt, load_model
+from mtp_viz.prompts import BenchPrompt
 from mtp_viz.quality import first_divergence
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings

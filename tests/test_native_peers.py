@@ -16,9 +16,10 @@ import pytest
 from conftest import gone
 
 from mtp_viz import bench, llama_peers
-from mtp_viz.bench import BenchPrompt, results_table, run_bench
+from mtp_viz.bench import results_table, run_bench
 from mtp_viz.child import exit_reason
 from mtp_viz.llama_peers import LLAMA_CPP_AUTOREGRESSIVE, LLAMA_CPP_PROMPT_LOOKUP, PeerFailed, Worker
+from mtp_viz.prompts import BenchPrompt
 from mtp_viz.runner import RunRequest
 from mtp_viz.strategies.base import GenerationSettings
 

@@ -13,19 +13,24 @@ import torch
 from mtp_viz.errors import InvalidSettingsError, InvalidTraceError, UserError
 from mtp_viz.quality import diagnose_divergence, lossless_verdict
 from mtp_viz.runner import Run
-from mtp_viz.ui import service
-from mtp_viz.ui.service import MAX_COMPARED, comparison_requests
+from mtp_viz.ui import jobs, trace_files
+from mtp_viz.ui.baselines import as_baseline, baseline_key, request_baseline_key
+from mtp_viz.ui.comparison import MAX_COMPARED, comparison_requests, uploaded_comparison
+from mtp_viz.ui.measure import PROFILE_REPEATS, machine_profile_path, measure_machine
+from mtp_viz.ui.requests import ANY_MODEL_ENV, build_request
+from mtp_viz.ui.streaming import run_to_end, stream
+from mtp_viz.ui.trace_files import read_uploaded_trace, trace_file
 
 
 def test_build_request_keeps_only_the_strategy_settings(use_tiny_registry):
-    r = service.build_request(
+    r = build_request(
         "hi", "tiny", "autoregressive", draft="tiny-draft", max_new_tokens=12.0, num_draft_tokens=7, max_ngram_size=3
     )
     assert r.strategy_settings == {} and r.draft is None and r.generation.max_new_tokens == 12
-    r = service.build_request("hi", "", "prompt_lookup", num_draft_tokens=7.0, max_ngram_size=4, min_ngram_size=1)
+    r = build_request("hi", "", "prompt_lookup", num_draft_tokens=7.0, max_ngram_size=4, min_ngram_size=1)
     assert r.model is None and r.strategy_settings == {"num_draft_tokens": 7, "max_ngram_size": 4, "min_ngram_size": 1}
     with pytest.raises(InvalidSettingsError, match="whole number"):
-        service.build_request("hi", "tiny", "autoregressive", max_new_tokens=2.5)
+        build_request("hi", "tiny", "autoregressive", max_new_tokens=2.5)
 
 
 def test_comparison_requests_put_autoregressive_first(use_tiny_registry):
@@ -76,7 +81,7 @@ class Pace:
 @pytest.fixture
 def paced(monkeypatch):
     pace = Pace()
-    real_steps, real_background = Run.steps, service.in_background
+    real_steps, real_background = Run.steps, jobs.in_background
 
     def steps(run):
         pace.runs.append(run)
@@ -85,8 +90,8 @@ def paced(monkeypatch):
             pace.wait()
 
     monkeypatch.setattr(Run, "steps", steps)
-    monkeypatch.setattr(service, "in_background", lambda work, poll: real_background(pace.job(work), poll))
-    monkeypatch.setattr(service, "STREAM_INTERVAL_S", 0.01)
+    monkeypatch.setattr(jobs, "in_background", lambda work, poll: real_background(pace.job(work), poll))
+    monkeypatch.setattr(jobs, "STREAM_INTERVAL_S", 0.01)
     yield pace
     assert not pace.overran, "a held run was never released nor stopped"
 
@@ -95,7 +100,7 @@ def test_stream_yields_growing_snapshots_then_the_trace(use_tiny_registry, paced
     """A snapshot per step while the run is held after each one, then the whole trace."""
     paced.holding = True
     snapshots = []
-    for steps, trace in service.stream(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=8)):
+    for steps, trace in stream(build_request("the cat", "tiny", "autoregressive", max_new_tokens=8)):
         if trace is not None:
             break
         if not snapshots or len(steps) != len(snapshots[-1]):  # held: the same snapshot until released
@@ -108,9 +113,9 @@ def test_stream_yields_growing_snapshots_then_the_trace(use_tiny_registry, paced
 
 def test_closing_a_stream_cancels_the_run_and_releases_the_model_lock(use_tiny_registry, paced):
     paced.holding = True
-    gen = service.stream(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=400))
+    gen = stream(build_request("the cat", "tiny", "autoregressive", max_new_tokens=400))
     steps, _ = next(gen)  # the run is held after its first step
-    lock = service._lock_for("tiny")
+    lock = jobs.lock_for("tiny")
     assert not lock.acquire(blocking=False)  # held while decoding
     gen.close()  # what Gradio does when Stop is pressed
     assert lock.acquire(blocking=False)
@@ -126,11 +131,11 @@ def test_errors_inside_the_decoding_thread_reach_the_caller(use_tiny_registry, m
 
     monkeypatch.setattr(Run, "steps", broken)
     with pytest.raises(RuntimeError, match="boom"):
-        list(service.stream(service.build_request("the cat", "tiny", "autoregressive")))
+        list(stream(build_request("the cat", "tiny", "autoregressive")))
 
 
 def test_cancel_stops_after_the_current_step(use_tiny_registry):
-    run = Run(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=50))
+    run = Run(build_request("the cat", "tiny", "autoregressive", max_new_tokens=50))
     for step in run.steps():
         if step.index == 2:
             run.cancel()
@@ -140,15 +145,15 @@ def test_cancel_stops_after_the_current_step(use_tiny_registry):
 def test_concurrent_runs_do_not_cross_talk(use_tiny_registry):
     prompts = ["the cat sat", "a bird sang a song", "the dog ran to the park", "def add ( a , b )"]
     requests = [
-        service.build_request(p, "tiny", s, max_new_tokens=16)
+        build_request(p, "tiny", s, max_new_tokens=16)
         for p in prompts
         for s in ("autoregressive", "speculative", "prompt_lookup")
     ]
-    alone = [service.run_to_end(r).output_token_ids for r in requests]
+    alone = [run_to_end(r).output_token_ids for r in requests]
     together: list = [None] * len(requests)
 
     def work(i):
-        together[i] = service.run_to_end(requests[i]).output_token_ids
+        together[i] = run_to_end(requests[i]).output_token_ids
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(requests))]
     for t in threads:
@@ -161,17 +166,17 @@ def test_concurrent_runs_do_not_cross_talk(use_tiny_registry):
 def test_uploads_are_size_limited_and_validated(tmp_path, monkeypatch):
     big = tmp_path / "big.json"
     big.write_text("x" * 200)
-    monkeypatch.setattr(service, "MAX_TRACE_BYTES", 100)
+    monkeypatch.setattr(trace_files, "MAX_TRACE_BYTES", 100)
     with pytest.raises(InvalidTraceError, match="bytes"):
-        service.read_uploaded_trace(str(big))
+        read_uploaded_trace(str(big))
     monkeypatch.undo()
     cases = {"binary.json": b"\xff\xfe\x00", "truncated.json": b'{"schema_version": 1, "steps": [', "other.json": b"[]"}
     for name, data in cases.items():
         (tmp_path / name).write_bytes(data)
         with pytest.raises(InvalidTraceError):
-            service.read_uploaded_trace(str(tmp_path / name))
+            read_uploaded_trace(str(tmp_path / name))
     with pytest.raises(InvalidTraceError):
-        service.read_uploaded_trace(None)
+        read_uploaded_trace(None)
 
 
 class _TiedModel:
@@ -197,22 +202,20 @@ def test_divergence_diagnosis_tells_a_near_tie_from_a_bug():
 
 
 def test_lossless_verdict_lines(use_tiny_registry):
-    a = service.run_to_end(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=8))
-    b = service.run_to_end(service.build_request("the cat", "tiny", "prompt_lookup", max_new_tokens=8))
+    a = run_to_end(build_request("the cat", "tiny", "autoregressive", max_new_tokens=8))
+    b = run_to_end(build_request("the cat", "tiny", "prompt_lookup", max_new_tokens=8))
     assert lossless_verdict(a, b) == "identical to autoregressive"
     b.output_token_ids = b.output_token_ids[:3] + [0] + b.output_token_ids[4:]
     assert "token 3" in lossless_verdict(a, b)
-    sampled = service.run_to_end(service.build_request("the cat", "tiny", "prompt_lookup", temperature=1.0))
+    sampled = run_to_end(build_request("the cat", "tiny", "prompt_lookup", temperature=1.0))
     assert "distribution check" in lossless_verdict(a, sampled)
 
 
 def test_uploaded_traces_compare_with_autoregressive_first(use_tiny_registry, tmp_path):
-    from mtp_viz.ui.service import uploaded_comparison
-
     paths = []
     for s in ("prompt_lookup", "autoregressive"):
-        t = service.run_to_end(service.build_request("the cat sat", "tiny", s, max_new_tokens=6))
-        paths.append(service.trace_file(t))
+        t = run_to_end(build_request("the cat sat", "tiny", s, max_new_tokens=6))
+        paths.append(trace_file(t))
     traces = uploaded_comparison(paths)
     assert [t.strategy for t in traces] == ["autoregressive", "prompt_lookup"]
     with pytest.raises(UserError, match="autoregressive"):
@@ -228,13 +231,13 @@ def test_the_app_loads_registered_models_only(use_tiny_registry, tmp_path, monke
     (model_dir / "config.json").write_text("{}")
     for name in (str(model_dir), "/etc", "../models", "someone/some-model"):
         with pytest.raises(UserError, match="registry"):
-            service.build_request("hi", name, "autoregressive")
+            build_request("hi", name, "autoregressive")
         with pytest.raises(UserError, match="registry"):
-            service.build_request("hi", "tiny", "speculative", draft=name)
-    monkeypatch.setenv(service.ANY_MODEL_ENV, "1")
-    assert service.build_request("hi", "someone/some-model", "autoregressive").model == "someone/some-model"
+            build_request("hi", "tiny", "speculative", draft=name)
+    monkeypatch.setenv(ANY_MODEL_ENV, "1")
+    assert build_request("hi", "someone/some-model", "autoregressive").model == "someone/some-model"
     with pytest.raises(UserError, match="registry"):  # still never a local path
-        service.build_request("hi", str(model_dir), "autoregressive")
+        build_request("hi", str(model_dir), "autoregressive")
 
 
 def _live(cls) -> int:
@@ -252,13 +255,13 @@ def test_finished_and_stopped_runs_free_their_caches(use_tiny_registry, paced):
     before = (_live(CachedModel), _live(Cache))
     for strategy in ("autoregressive", "speculative", "prompt_lookup", "lookahead", "self_speculative"):
         settings = {"exit_layer": 1} if strategy == "self_speculative" else {}
-        service.run_to_end(service.build_request("the cat sat", "tiny", strategy, max_new_tokens=12, settings=settings))
-    run = Run(service.build_request("the cat", "tiny", "speculative", max_new_tokens=50))
+        run_to_end(build_request("the cat sat", "tiny", strategy, max_new_tokens=12, settings=settings))
+    run = Run(build_request("the cat", "tiny", "speculative", max_new_tokens=50))
     for step in run.steps():
         if step.index == 2:
             run.cancel()
     paced.holding = True
-    gen = service.stream(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=400))
+    gen = stream(build_request("the cat", "tiny", "autoregressive", max_new_tokens=400))
     next(gen)  # held after its first step
     gen.close()
     assert paced.runs[-1].trace.stop_reason == "cancelled"
@@ -270,17 +273,16 @@ def test_finished_and_stopped_runs_free_their_caches(use_tiny_registry, paced):
 def test_measure_this_machine_writes_a_labelled_profile_and_stops_when_closed(use_tiny_registry, tmp_path, monkeypatch):
     monkeypatch.setenv("MTP_VIZ_CACHE", str(tmp_path))
     from mtp_viz.profile import read_profile
-    from mtp_viz.ui import service
 
-    updates = list(service.measure_machine())
+    updates = list(measure_machine())
     done, total, path = updates[-1]
-    assert done == total == service.PROFILE_REPEATS and path == service.machine_profile_path()
+    assert done == total == PROFILE_REPEATS and path == machine_profile_path()
     assert all(p is None for *_, p in updates[:-1])
     data = json.loads(path.read_text())
     assert data["machine"]["cpu"] and data["machine"]["forward"] == "lean" and data["c"] is not None
     assert read_profile(path).curve[1] == 1.0
     path.unlink()
-    stopped = service.measure_machine()
+    stopped = measure_machine()
     next(stopped)
     stopped.close()  # the Stop button: the measurement ends, nothing is written
     assert not path.exists()
@@ -288,18 +290,17 @@ def test_measure_this_machine_writes_a_labelled_profile_and_stops_when_closed(us
 
 def test_explore_defaults_to_the_strategy_that_shows_the_idea_and_measures_its_own_baseline(use_tiny_registry):
     from mtp_viz.registry import load_registry
-    from mtp_viz.ui import service
     from mtp_viz.ui.explore import default_strategy
 
     registry = load_registry()
     assert default_strategy(registry, "tiny") == "speculative"  # it has a draft, no heads
     assert default_strategy(registry, "tiny-markup") == "prompt_lookup"  # nothing trained: n-grams
-    request = service.build_request("the cat sat", "tiny", "prompt_lookup", max_new_tokens=6)
-    base = service.run_to_end(service.as_baseline(request))
+    request = build_request("the cat sat", "tiny", "prompt_lookup", max_new_tokens=6)
+    base = run_to_end(as_baseline(request))
     assert base.strategy == "autoregressive" and base.settings["max_new_tokens"] == 6
-    assert service.request_baseline_key(request) == service.baseline_key(base)  # found again, not re-run
-    other = service.build_request("the dog ran", "tiny", "prompt_lookup", max_new_tokens=6)
-    assert service.request_baseline_key(other) != service.baseline_key(base)
+    assert request_baseline_key(request) == baseline_key(base)  # found again, not re-run
+    other = build_request("the dog ran", "tiny", "prompt_lookup", max_new_tokens=6)
+    assert request_baseline_key(other) != baseline_key(base)
 
 
 def test_the_embedded_model_opens_on_its_mtp_heads():
@@ -315,11 +316,10 @@ def test_deploy_costs_come_from_the_loaded_models(use_tiny_registry):
     and autoregressive decoding cost nothing extra; the /compare metrics rows carry both figures."""
     from mtp_viz.deploy import deploy_costs, kv_cache_bytes
     from mtp_viz.models import load_model
-    from mtp_viz.ui import service
     from mtp_viz.ui.app import api_compare
 
     traces = [
-        service.run_to_end(service.build_request("the cat sat", "tiny", s, max_new_tokens=8))
+        run_to_end(build_request("the cat sat", "tiny", s, max_new_tokens=8))
         for s in ("autoregressive", "prompt_lookup", "speculative")
     ]
     base, lookup, spec = deploy_costs(traces)

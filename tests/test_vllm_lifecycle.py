@@ -144,11 +144,13 @@ def test_strategies_vllm_cannot_run_say_why(use_tiny_registry, capsys):
 def test_the_ui_stream_on_vllm_reports_progress_then_a_trace_and_stops_the_server(
     fake_vllm, use_tiny_registry, monkeypatch
 ):
-    from mtp_viz.ui import service
+    from mtp_viz.ui import jobs
+    from mtp_viz.ui.requests import build_request
+    from mtp_viz.ui.streaming import stream_vllm
 
-    monkeypatch.setattr(service, "STREAM_INTERVAL_S", 0.01)
-    request = service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=3)
-    *progress, (_, trace) = list(service.stream_vllm(request))
+    monkeypatch.setattr(jobs, "STREAM_INTERVAL_S", 0.01)
+    request = build_request("the cat", "tiny", "autoregressive", max_new_tokens=3)
+    *progress, (_, trace) = list(stream_vllm(request))
     assert progress and all(trace_so_far is None and message for message, trace_so_far in progress)
     assert trace.output_token_ids == [5, 6, 7] and trace.machine["engine"] == "vllm"
     assert [len(s.emitted) for s in trace.steps] == [1, 1, 1] and trace.summary["draft_time_s"] is None
@@ -156,11 +158,13 @@ def test_the_ui_stream_on_vllm_reports_progress_then_a_trace_and_stops_the_serve
 
 
 def test_stop_in_the_ui_while_vllm_starts_stops_the_server(fake_vllm, use_tiny_registry, monkeypatch):
-    from mtp_viz.ui import service
+    from mtp_viz.ui import jobs
+    from mtp_viz.ui.requests import build_request
+    from mtp_viz.ui.streaming import stream_vllm
 
-    monkeypatch.setattr(service, "STREAM_INTERVAL_S", 0.01)
+    monkeypatch.setattr(jobs, "STREAM_INTERVAL_S", 0.01)
     monkeypatch.setenv("FAKE_VLLM_MODE", "hang")
-    updates = service.stream_vllm(service.build_request("the cat", "tiny", "autoregressive", max_new_tokens=3))
+    updates = stream_vllm(build_request("the cat", "tiny", "autoregressive", max_new_tokens=3))
     message, _ = next(updates)
     while not fake_vllm.is_file():
         message, _ = next(updates)
@@ -169,9 +173,9 @@ def test_stop_in_the_ui_while_vllm_starts_stops_the_server(fake_vllm, use_tiny_r
 
 
 def test_a_server_that_dies_mid_sweep_keeps_the_results_so_far(fake_vllm, use_tiny_registry, monkeypatch, tmp_path):
-    from mtp_viz.bench import BenchPrompt
+    from mtp_viz.prompts import BenchPrompt
     from mtp_viz.runner import RunRequest
-    from mtp_viz.serving.load import read_sweep, sweep
+    from mtp_viz.serving.sweep import read_sweep, sweep
     from mtp_viz.strategies.base import GenerationSettings
 
     monkeypatch.setenv("FAKE_VLLM_DIE_AFTER", "4")  # two warm-up requests, the first level's one, one more

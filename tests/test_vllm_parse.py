@@ -152,7 +152,7 @@ def test_an_eagle3_completion_becomes_a_trace_with_eagle3_drafts():
 
 
 def test_the_load_model_counts_the_eagle_drafters_cost():
-    from mtp_viz.serving.load import uses_draft
+    from mtp_viz.serving.prediction import uses_draft
 
     assert uses_draft("eagle") and uses_draft("eagle:depth=3") and uses_draft("speculative")
     assert not uses_draft("prompt_lookup") and not uses_draft("autoregressive")

@@ -21,8 +21,9 @@ from mtp_viz.drafters.eagle3 import Eagle3Config, Eagle3Drafter, save_eagle3
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.serving.backend import open_server, plan, prompt_ids, request_body, to_trace
 from mtp_viz.serving.client import ACCEPTED, DRAFTED, PER_POSITION_COUNTER, STEPS, complete
+from mtp_viz.serving.engines import after_prefill
 from mtp_viz.serving.export import model_dir
-from mtp_viz.serving.load import after_prefill, measure_level
+from mtp_viz.serving.levels import measure_level
 from mtp_viz.serving.server import VLLM_VENV, VLLMServer
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import Trace, depth_counts
@@ -117,7 +118,8 @@ def test_cli_run_against_the_running_server_writes_a_trace(served, tmp_path, cap
 def test_vllm_is_a_peer_in_our_benchmark(served, monkeypatch):
     """`bench --peers vllm_prompt_lookup`: vLLM answers the same prompts interleaved with our runs,
     and its rows sit in the table as a peer (its greedy output identical to our autoregressive)."""
-    from mtp_viz.bench import BenchPrompt, results_table, run_bench
+    from mtp_viz.bench import results_table, run_bench
+    from mtp_viz.prompts import BenchPrompt
     from mtp_viz.serving import peers
 
     _, server = served

@@ -16,8 +16,9 @@ from mtp_viz.peers import PEERS
 from mtp_viz.profile import read_batch_profile
 from mtp_viz.runner import RunRequest, settings_of, split_variants
 from mtp_viz.serving.backend import BACKEND_VLLM
-from mtp_viz.serving.load import CONCURRENCY, LEVEL_DONE, compare_engines, sweep
+from mtp_viz.serving.engines import compare_engines
 from mtp_viz.serving.peers import VLLM_PEERS
+from mtp_viz.serving.sweep import CONCURRENCY, LEVEL_DONE, sweep
 from mtp_viz.strategies.base import GenerationSettings
 
 

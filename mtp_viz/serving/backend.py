@@ -12,17 +12,17 @@ from typing import Any
 import httpx
 
 from mtp_viz.detok import TextTracker
-from mtp_viz.eagle3_models import eagle3_dir, eagle3_entry
 from mtp_viz.errors import UserError
+from mtp_viz.loading import LoadedModel, eagle3_dir, eagle3_entry, encode_prompt, load_model, model_name, resolve_device
 from mtp_viz.machine import machine_info
-from mtp_viz.models import LoadedModel, encode_prompt, load_model, resolve_device
 from mtp_viz.registry import load_registry
-from mtp_viz.runner import MAX_PROMPT_CHARS, RunRequest, attach_text, build_strategy_settings, valid_unicode
+from mtp_viz.runner import MAX_PROMPT_CHARS, RunRequest, attach_text, valid_unicode
 from mtp_viz.serving.client import Completion, complete, completion_body
 from mtp_viz.serving.export import export_draft, model_dir
 from mtp_viz.serving.methods import served, server_args
 from mtp_viz.serving.server import Progress, ServerConfig, ServerError, StopAsked, VLLMServer
 from mtp_viz.serving.traces import Served, trace_from_completion
+from mtp_viz.strategies.variants import build_strategy_settings
 from mtp_viz.trace import Trace
 
 BACKEND_OURS, BACKEND_VLLM = "mtp-viz", "vllm"
@@ -82,7 +82,7 @@ def plan(request: RunRequest) -> VLLMPlan:
     device = resolve_device(request.device)
     values = strategy.served_values(request.strategy_settings)
     settings = build_strategy_settings(request.strategy, values, device.type)
-    name = request.model or load_registry().default_for(device.type)
+    name = model_name(request.model, request.device)
     target = load_model(name, "cpu", "float32")  # tokenizer, EOS and the weights' directory only
     draft_name, draft_dir = None, None
     if strategy.method is not None and request.strategy == "speculative":

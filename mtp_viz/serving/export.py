@@ -16,16 +16,10 @@ from pathlib import Path
 import torch
 
 from mtp_viz.drafters.eagle3 import CONFIG_FILE, load_eagle3, save_eagle3
-from mtp_viz.eagle3_models import eagle3_dir
 from mtp_viz.errors import UserError
-from mtp_viz.models import (
-    DTYPES,
-    LoadedModel,
-    cache_root,
-    is_model_dir,
-    load_model,
-    save_atomically,
-)
+from mtp_viz.loading import DTYPES, LoadedModel, eagle3_dir, is_model_dir, load_model
+from mtp_viz.loading.sources import save_atomically
+from mtp_viz.paths import cache_root
 from mtp_viz.registry import Eagle3Entry, load_registry
 
 STAMP = "mtp_viz_export.json"

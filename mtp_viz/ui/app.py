@@ -6,14 +6,16 @@ Nothing heavy happens at import or build time: models load on the first run that
 import gradio as gr
 
 from mtp_viz.errors import UserError
-from mtp_viz.models import resolve_device
+from mtp_viz.loading import model_name
 from mtp_viz.registry import load_registry
-from mtp_viz.ui import service
+from mtp_viz.ui import comparison
 from mtp_viz.ui.bench_tab import build_bench
 from mtp_viz.ui.compare import build_compare
 from mtp_viz.ui.deploy_tab import build_deploy
 from mtp_viz.ui.explore import build_explore
 from mtp_viz.ui.gpu import on_gpu
+from mtp_viz.ui.requests import build_request, parse_settings
+from mtp_viz.ui.streaming import run_to_end
 from mtp_viz.ui.theory_tab import build_theory
 
 TITLE = "mtp-viz"
@@ -51,9 +53,9 @@ def api_run(
     named = {k: v for k, v in named.items() if v is not None}  # given on purpose: the strategy must have them
     generation = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     try:
-        settings = {**named, **service.parse_settings(settings)}
-        request = service.build_request(prompt, model, strategy, draft, raw, settings, compile, weights, **generation)
-        return service.run_to_end(request).to_dict()
+        settings = {**named, **parse_settings(settings)}
+        request = build_request(prompt, model, strategy, draft, raw, settings, compile, weights, **generation)
+        return run_to_end(request).to_dict()
     except UserError as e:
         raise gr.Error(str(e)) from None
 
@@ -73,7 +75,7 @@ def api_compare(
     request = dict(prompt=prompt, model=model, draft=draft, num_draft_tokens=num_draft_tokens)
     generation = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     try:
-        *_, (_, _, result) = service.compare(strategies, **request, **generation)
+        *_, (_, _, result) = comparison.compare(strategies, **request, **generation)
     except UserError as e:
         raise gr.Error(str(e)) from None
     return {
@@ -85,7 +87,7 @@ def api_compare(
 
 def build_app() -> gr.Blocks:
     registry = load_registry()
-    default_model = registry.default_for(resolve_device(None).type)
+    default_model = model_name(None)
     explore = build_explore(registry, default_model)
     compare = build_compare(registry, default_model)
     theory = build_theory()

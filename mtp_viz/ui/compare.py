@@ -6,15 +6,17 @@ import html
 import gradio as gr
 
 from mtp_viz.errors import UserError
-from mtp_viz.models import load_model
+from mtp_viz.loading import load_model, model_name
 from mtp_viz.quality import check_distribution
 from mtp_viz.registry import Registry
 from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.speculative import MAX_DRAFT_TOKENS
 from mtp_viz.trace import Trace
-from mtp_viz.ui import notes, service
+from mtp_viz.ui import notes
+from mtp_viz.ui.comparison import MAX_COMPARED, Comparison, compare, comparison, uploaded_comparison
 from mtp_viz.ui.gpu import on_gpu
-from mtp_viz.ui.service import MAX_COMPARED, Comparison
+from mtp_viz.ui.requests import build_request
+from mtp_viz.ui.trace_files import trace_file
 from mtp_viz.viz import figures
 from mtp_viz.viz.tokens import tokens_html
 
@@ -40,7 +42,7 @@ def token_views(traces: list[Trace]) -> list:
 def comparison_views(c: Comparison):
     """Token views, metrics table, speedup bars, verdicts and trace files of a finished comparison."""
     speed = figures.speedup_bars([t.strategy for t in c.traces], list(c.metrics["speedup"]))
-    files = [service.trace_file(t) for t in c.traces]
+    files = [trace_file(t) for t in c.traces]
     return (*token_views(c.traces), c.metrics, speed, verdicts_html(c.verdicts), files)
 
 
@@ -102,7 +104,7 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
             shown = 0  # traces whose token views are drawn
             given = dict(zip(request_inputs, values, strict=True))
             try:  # a yield per update: Stop lands within a step
-                for message, traces, result in service.compare(strategies, **given):
+                for message, traces, result in compare(strategies, **given):
                     if result is not None:
                         yield comparison_views(result)
                         continue
@@ -115,7 +117,7 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
         @on_gpu
         def distribution(prompt, model, draft, k, samples, temperature, seed):
             try:
-                request = service.build_request(
+                request = build_request(
                     prompt,
                     model,
                     "speculative",
@@ -128,7 +130,7 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
                 result = check_distribution(request, int(samples))
             except UserError as e:
                 raise gr.Error(str(e)) from None
-            tok = load_model(request.model or registry.default_for("cpu")).tokenizer
+            tok = load_model(model_name(request.model, request.device)).tokenizer
             fig = figures.distribution_histogram(
                 {k: v for k, v in result.items() if k != "verdict"}, lambda t: tok.decode([t])
             )
@@ -152,7 +154,7 @@ def build_compare(registry: Registry, default_model: str) -> gr.Blocks:
 
         def compare_uploaded(paths):
             try:
-                return comparison_views(service.comparison(service.uploaded_comparison(paths), live=False))
+                return comparison_views(comparison(uploaded_comparison(paths), live=False))
             except UserError as e:
                 raise gr.Error(str(e)) from None
 

@@ -6,7 +6,7 @@ from dataclasses import Field, fields
 
 import gradio as gr
 
-from mtp_viz.models import resolve_device
+from mtp_viz.loading import resolve_device
 from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.settings import device_defaults
 

@@ -13,9 +13,11 @@ from mtp_viz.errors import UserError
 from mtp_viz.labels import is_peer
 from mtp_viz.machine import machine_label
 from mtp_viz.profile import read_batch_profile
-from mtp_viz.serving.load import read_sweep, with_prediction
+from mtp_viz.serving.prediction import with_prediction
+from mtp_viz.serving.sweep import read_sweep
 from mtp_viz.theory import CONCURRENCY_ASSUMPTIONS
-from mtp_viz.ui import notes, service
+from mtp_viz.ui import notes
+from mtp_viz.ui.measure import machine_profile_path
 from mtp_viz.ui.results import (
     example_results,
     measured_on,
@@ -33,7 +35,7 @@ def profiles() -> dict[str, Path]:
     """The shipped profiles and this machine's once measured, those with B × k timings first, so
     the tab opens on one that draws the prediction under load."""
     found = dict(shipped_profiles())
-    mine = service.machine_profile_path()
+    mine = machine_profile_path()
     if mine.is_file():
         found[THIS_MACHINE] = mine
     return dict(sorted(found.items(), key=lambda item: read_batch_profile(item[1])[0] is None))

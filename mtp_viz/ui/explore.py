@@ -13,9 +13,13 @@ from mtp_viz.serving.methods import NOT_SERVED, SERVED
 from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.base import MAX_NEW_TOKENS_LIMIT
 from mtp_viz.trace import Trace
-from mtp_viz.ui import controls, notes, service
+from mtp_viz.ui import controls, notes
+from mtp_viz.ui.baselines import as_baseline, baseline_key, request_baseline_key
 from mtp_viz.ui.gpu import on_gpu
+from mtp_viz.ui.requests import build_request
 from mtp_viz.ui.results import example_traces
+from mtp_viz.ui.streaming import run_to_end, stream, stream_vllm
+from mtp_viz.ui.trace_files import MAX_TRACE_BYTES, read_uploaded_trace, trace_file
 from mtp_viz.viz import figures
 from mtp_viz.viz.tables import summary_html
 from mtp_viz.viz.tokens import PHASES, step_detail_html, tokens_html, walkthrough_html
@@ -75,14 +79,14 @@ def render(trace: Trace, baselines: dict[str, float]):
     first = next((i for i, step in enumerate(trace.steps) if step.drafted), 0)  # the replay opens on a decision
     return (
         tokens_html(trace.steps, selected=first),
-        summary_html(trace, baselines.get(service.baseline_key(trace))),
+        summary_html(trace, baselines.get(baseline_key(trace))),
         figures.step_timeline(trace),
         figures.position_acceptance(trace),
         figures.accepted_length_histogram(trace),
         gr.Slider(minimum=0, maximum=max(1, last), value=first, step=1, interactive=last > 0),  # needs max > min
         step_detail_html(trace, first) if trace.steps else "",
         figures.step_probabilities(trace, first) if trace.steps else None,
-        service.trace_file(trace),
+        trace_file(trace),
         trace,
     )
 
@@ -173,7 +177,7 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
             download = gr.File(label="Download this run's trace (JSON)", interactive=False)
             example = gr.Dropdown(list(example_traces()), value=None, label="…or open an example trace")
             upload = gr.File(
-                label=f"Open a trace (JSON, ≤ {service.MAX_TRACE_BYTES // 2**20} MB)",
+                label=f"Open a trace (JSON, ≤ {MAX_TRACE_BYTES // 2**20} MB)",
                 file_types=[".json"],
                 type="filepath",
             )
@@ -207,9 +211,9 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
             given = dict(zip(run_inputs, values, strict=True))
             with_baseline, engine, baselines = (given.pop(k) for k in options)
             try:
-                request = service.build_request(**given)
+                request = build_request(**given)
                 if engine == BACKEND_VLLM:
-                    for message, trace in service.stream_vllm(request):
+                    for message, trace in stream_vllm(request):
                         if trace is None:
                             yield status(message)
                     yield (*render(trace, baselines), baselines)
@@ -218,18 +222,18 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                     "preparing: loading the models, and on a model's first run with compilation on, "
                     "compiling its forward (outside the timed region)…"
                 )
-                key = service.request_baseline_key(request)
+                key = request_baseline_key(request)
                 if with_baseline and request.strategy != "autoregressive" and key not in baselines:
                     yield status("measuring autoregressive decoding first (same prompt and settings), for the speedup…")
-                    base = service.run_to_end(service.as_baseline(request))
-                    baselines = {**baselines, service.baseline_key(base): base.summary["tokens_per_s"]}
-                for steps, trace in service.stream(request):
+                    base = run_to_end(as_baseline(request))
+                    baselines = {**baselines, baseline_key(base): base.summary["tokens_per_s"]}
+                for steps, trace in stream(request):
                     if trace is None:
                         yield status(f"decoding… step {len(steps)}", tokens_html(steps))
             except UserError as e:
                 raise gr.Error(str(e)) from None
             if trace.strategy == "autoregressive":
-                baselines = {**baselines, service.baseline_key(trace): trace.summary["tokens_per_s"]}
+                baselines = {**baselines, baseline_key(trace): trace.summary["tokens_per_s"]}
             yield (*render(trace, baselines), baselines)
 
         def replay(trace, index):
@@ -251,7 +255,7 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
             if not path:
                 return (*[gr.skip()] * 10,)
             try:
-                trace = service.read_uploaded_trace(path)
+                trace = read_uploaded_trace(path)
             except UserError as e:
                 raise gr.Error(str(e)) from None
             return render(trace, baselines)

@@ -7,10 +7,10 @@ from pathlib import Path
 import pandas as pd
 
 from mtp_viz.errors import UserError
+from mtp_viz.loading import model_name
 from mtp_viz.machine import describe
 from mtp_viz.paths import ASSETS, PROFILES
-from mtp_viz.registry import load_registry
-from mtp_viz.ui.service import MAX_TRACE_BYTES
+from mtp_viz.ui.trace_files import MAX_TRACE_BYTES
 
 REQUIRED = ("category", "strategy", "tokens_per_s", "speedup", "mean_accepted_tokens", "agreement")
 # what the Benchmark and Theory tabs open first: the embedded model as the engine runs it by
@@ -75,4 +75,4 @@ def measured_on(path: str | Path) -> str:
 
 def results_model(path: str | Path) -> str:
     """The model a results folder was measured on (older ones: the CPU default)."""
-    return _record(path).get("model") or load_registry().default_for("cpu")
+    return model_name(_record(path).get("model"), "cpu")

@@ -10,8 +10,10 @@ from mtp_viz.errors import UserError
 from mtp_viz.linear_plan import BY_COMMAND, describe_record, machine_records
 from mtp_viz.profile import read_profile
 from mtp_viz.theory import expected_tokens, measured_point, optimal_gamma, speedup
-from mtp_viz.ui import notes, service
+from mtp_viz.ui import notes
+from mtp_viz.ui.measure import machine_profile_path, measure_machine, remeasure_linear_plan
 from mtp_viz.ui.results import FIRST_PROFILE, example_traces, first, shipped_profiles
+from mtp_viz.ui.trace_files import read_uploaded_trace
 from mtp_viz.viz import figures
 
 MAX_GAMMA = 16
@@ -19,7 +21,7 @@ MAX_GAMMA = 16
 
 def points_from(paths: list[str]) -> list[dict]:
     """Measured points of uploaded traces, each against the autoregressive trace of its prompt."""
-    traces = [service.read_uploaded_trace(p) for p in paths]
+    traces = [read_uploaded_trace(p) for p in paths]
     baselines = {tuple(t.prompt_token_ids): t for t in traces if t.strategy == "autoregressive"}
     points = []
     for t in traces:
@@ -72,7 +74,7 @@ def build_theory() -> gr.Blocks:
         with gr.Row():
             measure = gr.Button("Measure this machine", variant="secondary", elem_id="mv-measure")
             stop = gr.Button("Stop", variant="stop", elem_id="mv-measure-stop")
-        cached = service.machine_profile_path()
+        cached = machine_profile_path()
         mine = gr.State(str(cached) if cached.is_file() else "")
         measured = gr.Markdown(_measured_note(mine.value), elem_id="mv-measure-status")
         gr.Markdown(notes.EXITS)
@@ -103,7 +105,7 @@ def build_theory() -> gr.Blocks:
         def run_measurement():
             """This machine's verify-cost curve, measured in the app (cached for later visits)."""
             try:
-                for done, total, path in service.measure_machine():
+                for done, total, path in measure_machine():
                     if path is None:
                         yield gr.skip(), f"Measuring this machine: round {done} of {total}…"
                     else:
@@ -114,7 +116,7 @@ def build_theory() -> gr.Blocks:
         def run_retune():
             """The linear plan measured again in the app (cached, and used by the loaded model)."""
             try:
-                yield from service.remeasure_linear_plan()
+                yield from remeasure_linear_plan()
             except UserError as e:
                 raise gr.Error(str(e)) from None
             yield plans_note()

@@ -1,0 +1,155 @@
+"""Speed under load, measured on a vLLM server: for each strategy one server, a warm-up, then the
+same prompts from C concurrent clients (a closed loop: each client sends its next request when
+its previous one is answered), for every C asked.
+
+Writes, as it goes (a server that dies leaves the rows so far): `serving.csv`, one row per
+(strategy, concurrency); `summary.json` naming the machine, the vLLM version and the settings;
+and every request's trace under `traces/<strategy>/c<C>/`. `read_sweep` reads them back.
+"""
+
+import json
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pandas as pd
+
+from mtp_viz.errors import UserError
+from mtp_viz.machine import machine_info
+from mtp_viz.prompts import BenchPrompt
+from mtp_viz.runner import RunRequest
+from mtp_viz.serving.backend import open_server, plan, prompt_ids
+from mtp_viz.serving.levels import mean_or_nan, measure_level, warm_up_concurrent
+from mtp_viz.serving.prediction import with_prediction
+from mtp_viz.serving.server import ServerError
+from mtp_viz.strategies.variants import parse_variant
+from mtp_viz.trace import Trace
+
+CONCURRENCY = (1, 2, 4, 8, 16, 32)
+SERVING_CSV = "serving.csv"
+LEVEL_DONE = "measured"  # how a progress message that closes a level starts
+SUMMARY_JSON = "summary.json"
+BASELINE = "autoregressive"
+MAX_CONCURRENCY = 256
+COLUMNS = (
+    "strategy",
+    "concurrency",
+    "requests",
+    "new_tokens",
+    "wall_s",
+    "tokens_per_s",  # all clients together
+    "request_tokens_per_s",  # mean over requests of one request's tokens / its latency
+    "speedup",  # tokens_per_s over vLLM autoregressive at the same concurrency
+    "mean_accepted_tokens",  # tokens per target forward, the prefill step included (our definition)
+    "vllm_mean_acceptance_length",  # vLLM's: 1 + accepted per verify step that drafted
+    "acceptance_rate",
+    "per_position_acceptance",
+    "scored_per_forward",  # tokens a forward scores per sequence, on average (as the bench's)
+    "ttft_s",
+    "itl_s",
+    "identical_to_ar",  # share of requests whose output equals vLLM AR's on the same prompt and C
+    "counter_drafted",  # /metrics deltas over the level, for the cross-check
+    "counter_accepted",
+    "predicted_speedup",  # our load model (mtp_viz.theory) with this device's B × k profile
+)
+
+
+def sweep(
+    prompts: list[BenchPrompt],
+    labels: list[str],
+    concurrency: list[int],
+    base: RunRequest,
+    out: Path,
+    settings_for: Callable[[str], dict] = lambda s: {},
+    url: str | None = None,
+    progress: Callable[[str], None] | None = None,
+    profile: tuple[dict[int, dict[int, float]], float | None] | None = None,
+) -> pd.DataFrame:
+    """Every strategy at every concurrency on vLLM (autoregressive first, the speedup baseline)."""
+    if not concurrency or any(not 1 <= c <= MAX_CONCURRENCY for c in concurrency):
+        raise UserError(f"--concurrency takes integers 1..{MAX_CONCURRENCY}, separated by commas")
+    if url and len(labels) != 1:
+        raise UserError("a running server (--vllm-url) serves one strategy: give only that one to --strategies")
+    variants = {label: parse_variant(label) for label in dict.fromkeys(labels if url else [BASELINE, *labels])}
+    plans = {
+        label: plan(replace(base, strategy=name, strategy_settings={**settings_for(name), **values}))
+        for label, (name, values) in variants.items()
+    }  # every request checked before any server starts
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    outputs: dict[tuple[str, int], list[list[int]]] = {}
+    meta: dict[str, Any] = {"machine": machine_info("cpu"), "prompts": [q.id for q in prompts], "errors": []}
+    for label, p in plans.items():
+        ids = [prompt_ids(p, q.text) for q in prompts]
+        texts = [q.text for q in prompts]
+        try:
+            with open_server(p, url, progress) as server:
+                threads = p.served(server).machine["threads"]  # vLLM's CPU worker's, not ours
+                meta.setdefault("vllm", server.version)
+                meta["machine"]["threads"] = threads
+                meta.setdefault("servers", {})[label] = {"args": server.args, "threads": threads}
+                warm_up_concurrent(server, p, ids, max(concurrency))
+                for c in concurrency:
+                    if progress:
+                        progress(f"{label}: {c} concurrent client{'s' * (c > 1)}")
+                    point, order = measure_level(server, p, label, ids, c, texts)
+                    rows.append(point.row())
+                    if progress:
+                        progress(f"{LEVEL_DONE} {label} at {c}: {rows[-1]['tokens_per_s']:.1f} tokens/s")
+                    outputs[(label, c)] = [t.output_token_ids for t in point.traces]
+                    _save_traces(out, label, c, point.traces, [prompts[i].id for i in order])
+                    _write(out, rows, outputs, meta, profile)
+        except (UserError, httpx.HTTPError) as e:  # a server that died, a response that does not fit
+            meta["errors"].append(f"{label}: {e}")
+            _write(out, rows, outputs, meta, profile)
+            raise ServerError(f"{label} stopped: {e} (results so far in {out})") from None
+    return _write(out, rows, outputs, meta, profile)
+
+
+def trace_folder(out: Path, label: str, c: int) -> Path:
+    """Where a sweep into `out` keeps the traces of one strategy (label) at concurrency c."""
+    return out / "traces" / label.replace(":", "_").replace("=", "-").replace(",", "+") / f"c{c}"
+
+
+def _save_traces(out: Path, label: str, c: int, traces: list[Trace], ids: list[str]) -> None:
+    folder = trace_folder(out, label, c)
+    folder.mkdir(parents=True, exist_ok=True)
+    for n, (t, prompt_id) in enumerate(zip(traces, ids, strict=True)):
+        t.save(folder / f"{n:03d}-{prompt_id}.json")
+
+
+def _write(out: Path, rows: list[dict], outputs: dict, meta: dict, profile) -> pd.DataFrame:
+    table = pd.DataFrame(rows, columns=list(COLUMNS))
+    for i, row in table.iterrows():
+        key = (BASELINE, row["concurrency"])
+        base = table[(table["strategy"] == BASELINE) & (table["concurrency"] == row["concurrency"])]
+        if not base.empty:
+            table.loc[i, "speedup"] = row["tokens_per_s"] / base["tokens_per_s"].iloc[0]
+        if key in outputs:
+            mine = outputs[(row["strategy"], row["concurrency"])]
+            table.loc[i, "identical_to_ar"] = mean_or_nan(
+                [float(a == b) for a, b in zip(mine, outputs[key], strict=True)]
+            )
+    if profile is not None:
+        table = with_prediction(table, *profile)
+    table.to_csv(out / SERVING_CSV, index=False)
+    (out / SUMMARY_JSON).write_text(json.dumps(meta, indent=1))
+    return table
+
+
+def read_sweep(folder: str | Path) -> tuple[pd.DataFrame, dict]:
+    """A sweep's serving.csv and summary.json (what `bench --backend vllm` writes)."""
+    folder = Path(folder)
+    try:
+        table = pd.read_csv(folder / SERVING_CSV)
+        meta = json.loads((folder / SUMMARY_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"not a serving sweep ({SERVING_CSV} and {SUMMARY_JSON} from bench --backend vllm): {e}"
+        ) from None
+    missing = {"strategy", "concurrency", "tokens_per_s", "speedup"} - set(table.columns)
+    if missing:
+        raise UserError(f"{folder / SERVING_CSV} lacks the columns {', '.join(sorted(missing))}")
+    return table, meta
