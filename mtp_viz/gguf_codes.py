@@ -11,7 +11,6 @@ load only maps the file in.
 """
 
 import logging
-import os
 from pathlib import Path
 
 import gguf
@@ -20,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from mtp_viz.measured import write_atomically
 from mtp_viz.weights import Q4Codes
 
 log = logging.getLogger(__name__)
@@ -83,11 +83,5 @@ def cached_q4_codes(gguf_path: Path, model: nn.Module, cache_dir: Path) -> dict[
     log.warning("reading the 4-bit codes of %s once into %s", gguf_path.name, path)
     codes = read_q4_codes(gguf_path, model)
     flat = {f"{n}.{part}": getattr(c, part).contiguous() for n, c in codes.items() for part in ("codes", "d", "m")}
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # this process's own: another may write too
-        save_file(flat, tmp)
-        os.replace(tmp, path)
-    except OSError as e:
-        log.warning("could not cache the codes in %s: %s", path, e)
+    write_atomically(path, lambda tmp: save_file(flat, tmp), "the codes")
     return codes

@@ -157,15 +157,54 @@ def planned_linear(
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
-class FastLinear(nn.Linear):
-    """An `nn.Linear` whose forward is `fast_linear` under its `plan`, its rows grouped by its
-    `row_plan` (same parameters and state dict)."""
+class Planned(nn.Module):
+    """A module whose products run `fast_linear` under a linear `plan`: FastLinear, and modules
+    that call fast_linear themselves (a drafter's reduced head). `use_fast_linears` sets it."""
 
     plan: Plan = STOCK_PLAN
+
+
+class FastLinear(nn.Linear, Planned):
+    """A linear layer computing by `fast_linear` under its `plan`, its rows grouped by its
+    `row_plan`. Made `of` an nn.Linear: the same parameters (not copies), so the same state dict."""
+
     row_plan: RowPlan = RAW_ROWS
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, plan: Plan = STOCK_PLAN):
+        nn.Module.__init__(self)
+        self.out_features, self.in_features = weight.shape
+        self.register_parameter("weight", weight)
+        self.register_parameter("bias", bias)
+        self.plan = plan
+
+    @classmethod
+    def of(cls, linear: nn.Linear, plan: Plan = STOCK_PLAN) -> "FastLinear":
+        return cls(linear.weight, linear.bias, plan)
+
+    def plain(self) -> nn.Linear:
+        """An nn.Linear over the same parameters (built on the meta device: nothing allocated)."""
+        linear = nn.Linear(self.in_features, self.out_features, self.bias is not None, device="meta")
+        linear.weight, linear.bias = self.weight, self.bias
+        return linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return planned_linear(x, self.weight, self.bias, self.plan, self.row_plan)
+
+
+# a module's hook registries (forward, backward, state dict; with their kwargs and always-called marks)
+HOOKS = tuple(name for name in vars(nn.Linear(1, 1, device="meta")) if "hook" in name)
+
+
+def replace_module(parent: nn.Module, name: str, new: nn.Module) -> nn.Module:
+    """Put `new` in place of `parent`'s child `name`, as gpt-fast's quantize.py swaps linears;
+    `new` takes over the old one's hooks (the same dicts: a mask-only adapter's gate, mtp_viz.
+    drafters.mask) and its train/eval mode. Returns `new`."""
+    old = getattr(parent, name)
+    for hooks in HOOKS:
+        setattr(new, hooks, getattr(old, hooks))
+    new.train(old.training)
+    setattr(parent, name, new)
+    return new
 
 
 def plain_linears(model: nn.Module) -> list[nn.Linear]:
@@ -175,28 +214,34 @@ def plain_linears(model: nn.Module) -> list[nn.Linear]:
 
 
 def use_fast_linears(model: nn.Module, plan: Plan) -> nn.Module:
-    """Switch every plain `nn.Linear` in `model` to FastLinear under `plan`, in place, and give the
-    plan to modules that call fast_linear themselves (a `plan` attribute); returns the model."""
+    """Every plain nn.Linear in `model` replaced in its parent by a FastLinear `of` it under
+    `plan`, and every Planned module (FastLinears made earlier too) put on `plan`. Returns the
+    model (a FastLinear when `model` itself is a plain nn.Linear)."""
+    if type(model) is nn.Linear:
+        return FastLinear.of(model, plan)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                replace_module(parent, name, FastLinear.of(child, plan))
     for module in model.modules():
-        if type(module) is nn.Linear:
-            module.__class__ = FastLinear
-        if isinstance(module, FastLinear) or hasattr(module, "plan"):
+        if isinstance(module, Planned):
             module.plan = plan
     return model
 
 
 @contextmanager
 def stock_linears(model: nn.Module) -> Iterator[nn.Module]:
-    """The model as transformers loads it, for the duration: every FastLinear an nn.Linear again
-    (same weights), so peers (transformers' own generate) run the plain model."""
-    switched = [m for m in model.modules() if type(m) is FastLinear]
-    for m in switched:
-        m.__class__ = nn.Linear
+    """The model as transformers loads it, for the duration: every FastLinear replaced by a plain
+    nn.Linear over the same parameters, so peers (transformers' own generate) and training run
+    the plain model; the FastLinears are put back after."""
+    swapped = [(p, name, m) for p in model.modules() for name, m in p.named_children() if type(m) is FastLinear]
+    for parent, name, fast in swapped:
+        replace_module(parent, name, fast.plain())
     try:
         yield model
     finally:
-        for m in switched:
-            m.__class__ = FastLinear
+        for parent, name, fast in swapped:
+            setattr(parent, name, fast)
 
 
 def plan_of(model: nn.Module) -> Plan:

@@ -1,24 +1,18 @@
 """The lean forward: a Llama-family decoder run over a preallocated KV cache, without
 transformers' per-call machinery.
 
-transformers' `model.forward` spends, per call, as much time building masks, position tensors,
-cache objects and output dataclasses as a small model spends on its own arithmetic (20 ms of a
-~75 ms SmolLM2-135M forward on a 2-core CPU, measured). Decoding strategies call it hundreds of
-times per answer, with 1 to a few dozen tokens each, so that cost is what makes a small draft, a
-heads step or a tree verify cost more than its arithmetic.
+transformers' `model.forward` spends as much time per call on masks, positions, cache objects and
+output dataclasses as a small model on its arithmetic (20 of ~75 ms, SmolLM2-135M on 2 CPU cores).
 
-As in gpt-fast's model.py, a block is two steps, `h = x + attention(norm(x))` then
-`h + mlp(norm(h))`, over the model's own norms, rotary tables and head. The block's four linear
-products are projections (mtp_viz.projections) chosen before the model runs: fused q|k|v and
-gate|up, LoRA adapters stacked on them, the model's own modules where neither applies; the forward
-reads the same whatever they are. The cache (mtp_viz.kv_slots.StaticKV) is one preallocated
-tensor per model: extend writes in place, rollback is a length, and keeping a tree's accepted path
-moves only those entries. A strategy's target attends one row at a time after the prompt
-(`run`'s exact_from): a batched attention call's rows differ from one-token calls by ~1e-7, enough
-for bfloat16 products to tip a near-tie, so a verify would not be exactly autoregressive decoding.
-As in gpt-fast's generate.py, a compiled forward (`LeanModel.compile`: CUDA graphs on a
-GPU, inductor on a CPU) attends over the whole capacity under a mask, so its shapes stay fixed
-from step to step (the capacity grows by doubling, rarely) and one graph serves every step.
+As in gpt-fast's model.py, a block is `h = x + attention(norm(x))` then `h + mlp(norm(h))`, over
+the model's own norms, rotary tables and head; its four products are projections chosen before
+the model runs (mtp_viz.projections: fused, LoRA stacked on, or the model's own modules), so the
+forward reads the same whatever they are. The cache (mtp_viz.kv_slots.StaticKV) is one tensor per
+model: extend writes in place, rollback is a length. A strategy's target attends one row at a time
+after the prompt (`run`'s exact_from): a batched attention call's rows differ from one-token calls
+by ~1e-7, enough for bfloat16 products to tip a near-tie. As in gpt-fast's generate.py, a compiled
+forward (`LeanModel.compile`: CUDA graphs on a GPU, inductor on a CPU) attends over the whole
+capacity under a mask, so one graph serves every step (the capacity grows by doubling, rarely).
 
 Supported: decoder layers of the Llama family (Llama, Qwen2, Mistral without a sliding window) with
 a static rotary embedding. Anything else runs on transformers' own forward (`supports` says why).
@@ -27,8 +21,8 @@ a static rotary embedding. Anything else runs on transformers' own forward (`sup
 import logging
 import shutil
 import time
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -36,13 +30,12 @@ from torch.nn import functional as F
 from transformers import PreTrainedModel
 
 from mtp_viz.kv_slots import RowKeys, StaticKV, causal, visibility
-from mtp_viz.projections import Projections, StaticGate, projections
+from mtp_viz.projections import Projections, StaticGate, held_modules, projections
 
 log = logging.getLogger(__name__)
 
 SUPPORTED_ROPE = ("default", "linear", "llama3")  # position tables that do not depend on length
 MIN_CAPACITY = 256
-ATTRIBUTE = "_mtp_viz_lean"  # where a model keeps its LeanModel
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin (S, head_dim)
 
@@ -98,15 +91,13 @@ def rotate(x: torch.Tensor, rope: Rope) -> torch.Tensor:
 
 
 class Block(nn.Module):
-    """One decoder layer, run lean: the model's own norms and activation around its projections.
-    An nn.Module (holding the model's, not copies) so that torch.compile takes its sizes as
-    constants: ints of a plain object would be symbolic under dynamic shapes."""
+    """One decoder layer, run lean: the model's own norms and activation around its projections. An
+    nn.Module so that torch.compile takes its sizes as constants (a plain object's would be symbolic)."""
 
     def __init__(self, layer: nn.Module, proj: Projections, config):
         super().__init__()
         self.attn_norm, self.mlp_norm = layer.input_layernorm, layer.post_attention_layernorm
-        self.act = layer.mlp.act_fn
-        self.proj = proj
+        self.act, self.proj = layer.mlp.act_fn, proj
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim, self.scaling = layer.self_attn.head_dim, layer.self_attn.scaling
 
@@ -153,19 +144,16 @@ class Block(nn.Module):
         return self.proj.down(self.act(gate) * up)
 
 
-@dataclass
 class LeanModel:
-    """A Llama-family model's modules, run lean. One per model (see `lean_model`); stateless
-    between calls except for the rotary tables, which grow with the longest position seen."""
+    """A Llama-family model's modules, run lean; one per model (`lean_model`), holding the model
+    only weakly. Stateless between calls but for the rotary tables, grown to the longest position."""
 
-    model: PreTrainedModel
-
-    def __post_init__(self):
-        config, decoder = self.model.config, self.model.model
-        self.decoder = decoder
-        self.layers = list(decoder.layers)
-        self.head = self.model.get_output_embeddings()
-        self.device, self.dtype = self.model.device, self.model.dtype
+    def __init__(self, model: PreTrainedModel):
+        config, decoder = model.config, model.model
+        self.model_ref, self.held, self.name = weakref.ref(model), held_modules(model), type(model).__name__
+        self.decoder, self.layers = decoder, list(decoder.layers)
+        self.head = model.get_output_embeddings()
+        self.device, self.dtype = model.device, model.dtype
         self.kv_heads, self.head_dim = config.num_key_value_heads, self.layers[0].self_attn.head_dim
         self.cos = self.sin = torch.empty(0, self.head_dim, device=self.device, dtype=self.dtype)
         gate = getattr(decoder.embed_tokens, "gate", None)  # mask-only adapters: set by each embedding
@@ -173,16 +161,17 @@ class LeanModel:
         made = [projections(layer, self.gate) for layer in self.layers]
         self.blocks = [Block(layer, p, config) for layer, (p, _) in zip(self.layers, made, strict=True)]
         # the same blocks with the LoRA adapters stacked on; None without adapters
-        self.adapted = None
-        if any(lora is not None for _, lora in made):
-            self.adapted = [Block(layer, lora or p, config) for layer, (p, lora) in zip(self.layers, made, strict=True)]
+        stacked = [Block(layer, lora or p, config) for layer, (p, lora) in zip(self.layers, made, strict=True)]
+        self.adapted = stacked if any(lora is not None for _, lora in made) else None
         self.compiled = False  # whether `run` uses `graph`, the compiled `loop` (made once, by `compile`)
         self.graph: Callable | None = None
 
     def current(self) -> bool:
-        """False once the model's weights were moved or replaced (the fused views went stale)."""
-        blocks = self.blocks + (self.adapted or [])
-        return all(b.proj.current() for b in blocks) and self.device == self.model.device
+        """False once the model is gone, a module it runs by was replaced (`held_modules`), or the
+        weights were moved or replaced under the fused products (their views went stale)."""
+        model = self.model_ref()
+        held = model is not None and model.device == self.device and held_modules(model) == self.held
+        return held and all(b.proj.current() for b in self.blocks + (self.adapted or []))
 
     def new_cache(self, capacity: int = MIN_CAPACITY) -> StaticKV:
         return StaticKV(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device, capacity)
@@ -219,13 +208,11 @@ class LeanModel:
         """Run `layers` (first, last+1; default all) on hidden (S, H) at `positions`, writing their
         key/values into slots start..start+S−1 of `kv`; token i attends to the slots j < start+S
         that allowed[i, j] permits (None: every slot up to its own). Returns hidden (S, H).
-
-        exact_from (eager only): rows at slots from there on attend one at a time (RowKeys), so each
-        computes what a one-token forward computes; rows before it (a prompt but its last token) run
-        first, batched. A strategy's target passes the prompt's length − 1: its verify rows then
-        equal autoregressive decoding's steps bit for bit where the linear products are row-invariant,
-        which each format's row plan, measured on this machine, sees to (mtp_viz.row_plan). `loose`:
-        rows (indices into hidden) whose result decides nothing, attending batched all the same."""
+        exact_from (eager only): rows at slots from there on attend one at a time (RowKeys), as a
+        one-token forward does; rows before it (a prompt but its last token) run first, batched. A
+        strategy's target passes the prompt's length − 1, so its verify rows equal autoregressive
+        steps bit for bit where the products are row-invariant (mtp_viz.row_plan sees to that).
+        `loose`: rows (indices into hidden) whose result decides nothing, attending batched."""
         return self.run_tapped(hidden, positions, kv, start, allowed, (), layers, exact_from, loose)[0]
 
     def run_tapped(
@@ -241,11 +228,9 @@ class LeanModel:
         loose: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """`run`, also returning the residual stream after each of `taps` layers (transformers'
-        hidden_states[k]; an EAGLE-3 drafter's features): (S, H) each, in tap order. The layer loop
-        runs in segments between the taps, over the same mask and cache, so each row computes what
-        it computes untapped (bit for bit) and a run without taps is one `loop` call as before."""
-        s = hidden.shape[0]
-        end = start + s
+        hidden_states[k]; an EAGLE-3 drafter's features): (S, H) each, in tap order. The loop runs in
+        segments between the taps over the same mask and cache: each row as untapped, bit for bit."""
+        s, end = hidden.shape[0], start + hidden.shape[0]
         exact = exact_from is not None and not self.compiled
         if exact and start < exact_from < end:  # the prompt's prefill first, batched
             m = exact_from - start
@@ -253,10 +238,10 @@ class LeanModel:
             done, done_taps = self.run_tapped(hidden[:m], positions[:m], kv, start, seen, taps, layers)
             rest = None if allowed is None else allowed[m:]
             later = tuple(i - m for i in loose if i >= m)
-            out, out_taps = self.run_tapped(
+            out, more = self.run_tapped(
                 hidden[m:], positions[m:], kv, exact_from, rest, taps, layers, exact_from, later
             )
-            return torch.cat([done, out]), [torch.cat(pair) for pair in zip(done_taps, out_taps, strict=True)]
+            return torch.cat([done, out]), [torch.cat(pair) for pair in zip(done_taps, more, strict=True)]
         kv.ensure(end)
         first, last = layers or (0, len(self.blocks))
         # compiled: attend over the whole capacity, so shapes stay fixed and one graph serves every step
@@ -303,26 +288,23 @@ class LeanModel:
         return hidden
 
     def adapters_on(self) -> bool:
-        """Whether this forward adds the LoRA terms: not while peft's adapters are switched off, and a
-        gated adapter (mask-token MTP) only when the input has a mask, which the embedding just marked."""
+        """Whether this forward adds the LoRA terms: not while peft's adapters are off; a gated one
+        (mask-token MTP) only when the input has a mask token, which the embedding just marked."""
         if self.adapted is None or self.layers[0].self_attn.q_proj.disable_adapters:
             return False
         return self.gate is None or bool(self.gate.load().any())
 
     def compile(self) -> float:
         """Compile the layer loop (CUDA graphs on a GPU, inductor on a CPU) and run both shape
-        families (one token; several) once, on a scratch cache; once per model and process.
-        Returns the seconds it took now. Raises CompileUnavailable (eager stays in use) when it
-        cannot work here."""
+        families (one token; several) once, on a scratch cache; once per model and process. Returns
+        the seconds it took; CompileUnavailable (eager stays in use) when it cannot work here."""
         if self.graph is not None:
             self.compiled = True
             return 0.0
-        reason = compile_unavailable(self.device)
-        if reason:
+        if reason := compile_unavailable(self.device):
             raise CompileUnavailable(reason)
-        log.warning("compiling the forward of %s once for this process (%s)", type(self.model).__name__, self.device)
-        start = time.perf_counter()
-        cuda = self.device.type == "cuda"
+        log.warning("compiling the forward of %s once for this process (%s)", self.name, self.device)
+        start, cuda = time.perf_counter(), self.device.type == "cuda"
         self.graph = torch.compile(self.loop, mode="reduce-overhead" if cuda else "default", dynamic=True)
         self.compiled = True
         try:
@@ -353,11 +335,14 @@ class LeanModel:
         return self.head(normed)
 
 
+_leans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → its LeanModel, gone with the model
+
+
 def lean_model(model: PreTrainedModel) -> LeanModel | None:
-    """The model's LeanModel (made once per model object), or None when it is not supported."""
+    """The model's LeanModel (made once per model object, again once stale), None if unsupported."""
     if supports(model) is not None:
         return None
-    lean = model.__dict__.get(ATTRIBUTE)
+    lean = _leans.get(model)
     if lean is None or not lean.current():
-        lean = model.__dict__[ATTRIBUTE] = LeanModel(model)
+        lean = _leans[model] = LeanModel(model)
     return lean

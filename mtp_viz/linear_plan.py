@@ -10,29 +10,25 @@ machine); still noisy, it decides nothing (stock for its rows), and the plan ser
 RETRY_AFTER_S before a load measures it again. Plans are cached with when, by what and under what
 load they were measured (a record without that is not trusted), keyed by the machine (CPU model
 and flags, threads, torch, BLAS: mtp_viz.machine) and the weight shapes, so later loads pay nothing.
-`python -m mtp_viz tune` and the Theory tab measure again.
+`python -m mtp_viz tune` and the Theory tab measure again. The record is kept by mtp_viz.measured.
 """
 
-import hashlib
-import json
 import logging
 import math
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from mtp_viz import measured
 from mtp_viz.kernels import FAST, FIXED_PLAN, MAX_ROWS, STOCK, STOCK_PLAN, Plan, mode, plain_linears
-from mtp_viz.machine import machine_info, machine_key
-from mtp_viz.paths import cache_root
+from mtp_viz.machine import machine_info
+from mtp_viz.measured import RETRY_AFTER_S, load_average, still_good
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +39,11 @@ WIN_SHARE = 0.8  # ... and faster in at least this share of the rounds
 MAX_SPREAD = 0.15  # a bucket is noisy when either way's rounds spread more (interquartile range / median) ...
 RETRIES = 2  # ... and is then measured again, all rounds anew, at most this many times,
 BUSY_SHARE = 0.5  # unless more than this share of the buckets is noisy: the machine is busy, retrying won't help
-RETRY_AFTER_S = 3600.0  # a plan with a still-noisy bucket serves this long, then the next load measures again
 TUNE_BYTES = 48 * 2**20  # time the head and layer weights of this size (beyond an L3), or all of them
-PLAN_VERSION = 2  # version 1 did not record how it was measured: measured again
+FOLDER, PLAN_VERSION = "kernels", 2  # version 1 did not record how it was measured: measured again
 # a record lacking any of these is measured again rather than trusted
 RECORDED = ("measured_at", "by", "machine", "load_average", "rounds", "max_spread", "settled", "noisy_rows", "buckets")
+SECTIONS = ("rows",)  # what else a plan record holds (mtp_viz.row_plan), kept when the plan is measured again
 BY_LOAD, BY_COMMAND, BY_APP = "first load", "python -m mtp_viz tune", "the app's Theory tab"
 
 
@@ -92,16 +88,16 @@ def choose(timings: Timings) -> tuple[int, ...]:
     median and in at least WIN_SHARE of the rounds (rounds are paired: measured back to back), and
     where its rounds spread, in every round. A noisy bucket decides nothing: its rows stay on
     stock and nothing pads to it."""
-    measured = sorted({rows for _, rows in timings})
-    steady = {m for m in measured if not noisy(timings, m)}
+    timed_rows = sorted({rows for _, rows in timings})
+    steady = {m for m in timed_rows if not noisy(timings, m)}
     padded = [0] * (MAX_ROWS + 1)
     for r in range(1, MAX_ROWS + 1):
-        at = next((m for m in measured if m >= r), None)
+        at = next((m for m in timed_rows if m >= r), None)
         if at not in steady or (STOCK, at) not in timings:
             continue
         stock = timings[STOCK, at]
         best, best_median = 0, statistics.median(stock)
-        for p in (m for m in measured if m >= r and m in steady and (FAST, m) in timings):
+        for p in (m for m in timed_rows if m >= r and m in steady and (FAST, m) in timings):
             fast = timings[FAST, p]
             wins = sum(f < s for f, s in zip(fast, stock, strict=False)) / min(len(fast), len(stock))
             median = statistics.median(fast)
@@ -217,14 +213,6 @@ class Measurement:
         }
 
 
-def load_average() -> list[float] | None:
-    """The machine's 1, 5 and 15-minute load averages (None where the OS keeps none)."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (OSError, AttributeError):
-        return None
-
-
 def describe_record(record: dict) -> str:
     """One line on a cached plan: the path it chose, and when, by what, under what load, how steady."""
     spreads = [b[f"{way}_spread"] for b in record["buckets"].values() for way in (STOCK, FAST)]
@@ -241,34 +229,21 @@ def describe_record(record: dict) -> str:
 
 
 def plan_path(model: nn.Module) -> Path:
+    """This machine's plan record for the model's linear shapes (mtp_viz.measured)."""
     shapes = sorted({tuple(m.weight.shape) for m in plain_linears(model)})
-    name = f"{machine_key()}-{hashlib.sha256(repr(shapes).encode()).hexdigest()[:10]}"
-    return cache_root() / "kernels" / f"{name}.json"
+    return measured.record_path(FOLDER, measured.fingerprint(repr(shapes)))
 
 
 def read_record(path: Path) -> dict | None:
     """The plan record cached at `path`; None when there is none, or it is of an older version or
     lacks how it was measured (so it is measured again rather than trusted)."""
-    try:
-        data = json.loads(path.read_text())
-        datetime.fromisoformat(data["measured_at"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    complete = data.get("version") == PLAN_VERSION and all(key in data for key in RECORDED)
-    return data if complete and len(data.get("padded", ())) == MAX_ROWS + 1 else None
+    return measured.read(path, PLAN_VERSION, RECORDED, lambda r: len(r.get("padded", ())) == MAX_ROWS + 1)
 
 
 def machine_records() -> list[dict]:
     """This machine's cached plan records (every model's shapes), newest first."""
-    paths = (cache_root() / "kernels").glob(f"{machine_key()}-*.json")
-    records = [r for r in map(read_record, paths) if r is not None]
+    records = [r for r in map(read_record, measured.machine_paths(FOLDER)) if r is not None]
     return sorted(records, key=lambda r: r["measured_at"], reverse=True)
-
-
-def still_good(record: dict, now: float) -> bool:
-    """A settled plan serves until measured again on purpose; one with a noisy bucket RETRY_AFTER_S."""
-    age = now - datetime.fromisoformat(record["measured_at"]).timestamp()
-    return bool(record["settled"]) or 0 <= age < RETRY_AFTER_S
 
 
 def tune(model: nn.Module, measure_fn: MeasureFn | None = None) -> Plan:
@@ -303,7 +278,7 @@ def remeasure(
     load, started = load_average(), time.time()
     timings, tries = settle(lambda rows: measure_fn(model, rows))
     how = {
-        "measured_at": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+        "measured_at": measured.stamp(started),
         "by": by,
         "model": getattr(getattr(model, "config", None), "name_or_path", None) or type(model).__name__,
         "machine": machine_info("cpu"),
@@ -315,36 +290,5 @@ def remeasure(
     }
     result = Measurement(Plan(choose(timings), "measured"), timings, tries, how)
     if write:
-        _write(plan_path(model), result.record())
+        measured.write(plan_path(model), result.record(), keep=SECTIONS, what="the linear plan")
     return result
-
-
-SECTIONS = ("rows",)  # what else a plan record holds (mtp_viz.row_plan), kept when the plan is measured again
-
-
-def raw_record(path: Path) -> dict:
-    """The record at `path` as stored, whatever it holds ({} when none is readable)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def write_section(path: Path, section: str, key: str, entry: dict) -> None:
-    """Store `entry` as record[section][key] in the record at `path`, the rest of it as it was."""
-    record = raw_record(path)
-    record.setdefault(section, {})[key] = entry
-    _write(path, record)
-
-
-def _write(path: Path, record: dict) -> None:
-    old = raw_record(path)
-    record = {**{k: old[k] for k in SECTIONS if k in old and k not in record}, **record}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-            json.dump(record, f, indent=1)
-        os.replace(f.name, path)
-    except OSError as e:
-        log.warning("could not cache the linear plan in %s: %s", path, e)

@@ -89,6 +89,9 @@ class FusedLinear:
         return planned_linear(x, self.weight, self.bias, *plan_of_linear(self.source))
 
     def current(self) -> bool:
+        """Whether the first fused linear's weight still is a view of this one. A storage check on
+        purpose: the weight can be replaced under the same module (`model.to`, `.data` assigned),
+        which its type does not show; a module replaced outright shows in `held_modules`."""
         return self.source.weight.data_ptr() == self.weight.data_ptr()
 
 
@@ -133,22 +136,32 @@ def _current(p: Projection) -> bool:
     return p.current() if isinstance(p, (FusedLinear, StackedLoRA, FormatLinear)) else True
 
 
-def _groups(layer: nn.Module) -> tuple[tuple[nn.Module, ...], ...]:
+def groups(layer: nn.Module) -> tuple[tuple[nn.Module, ...], ...]:
     """The layer's linears by the projection they make up: q|k|v, o, gate|up, down."""
     attn, mlp = layer.self_attn, layer.mlp
     return (attn.q_proj, attn.k_proj, attn.v_proj), (attn.o_proj,), (mlp.gate_proj, mlp.up_proj), (mlp.down_proj,)
 
 
+def held_modules(model: nn.Module) -> tuple[nn.Module, ...]:
+    """The modules a lean forward (mtp_viz.lean) runs a Llama-style `model` by: its embedding,
+    layers, their linears (and those under adapters) and its head. A transform that puts another
+    module in one's place (a FastLinear, a weight format's linear) makes a lean view made before
+    stale: compared by identity, as the modules' types say what they compute."""
+    decoder = model.model
+    linears = [m for layer in decoder.layers for group in groups(layer) for m in group]
+    return (decoder.embed_tokens, *decoder.layers, *linears, *map(base_linear, linears), model.get_output_embeddings())
+
+
 def plain(layer: nn.Module) -> Projections:
     """The layer's own modules, unchanged: what runs where no transform applies."""
-    return Projections(*(group[0] if len(group) == 1 else Concat(group) for group in _groups(layer)))
+    return Projections(*(group[0] if len(group) == 1 else Concat(group) for group in groups(layer)))
 
 
 def projections(layer: nn.Module, gate: StaticGate | None) -> tuple[Projections, Projections | None]:
     """The layer's products for the lean forward: (without adapters, with its LoRA adapters stacked
     on, or None when it has none). Fused where it can be; otherwise the model's own modules, whose
     peft adapters then apply themselves."""
-    modules = [m for group in _groups(layer) for m in group]
+    modules = [m for group in groups(layer) for m in group]
     adapted = any(hasattr(m, "lora_A") for m in modules)
     base = None if adapted and not all(_single_lora(m) for m in modules) else fused(layer)
     if base is None:
@@ -160,7 +173,7 @@ def fused(layer: nn.Module) -> Projections | None:
     """q|k|v and gate|up fused in place (their modules' weights become views), o and down the
     plain linears under any adapter; None when the linears are not plain ones of one device and
     dtype, or their biases are mixed."""
-    (q, k, v), (o,), (g, u), (down,) = [tuple(base_linear(m) for m in group) for group in _groups(layer)]
+    (q, k, v), (o,), (g, u), (down,) = [tuple(base_linear(m) for m in group) for group in groups(layer)]
     mods = (q, k, v, g, u)
     if any(isinstance(m, FormatLinear) for m in mods):  # a weight format: fused in it (mtp_viz.weights)
         qkv, gate_up = fuse((q, k, v)), fuse((g, u))
@@ -182,7 +195,7 @@ def fused(layer: nn.Module) -> Projections | None:
 def with_lora(base: Projections, layer: nn.Module, gate: StaticGate | None) -> Projections:
     """`base` (products of the plain linears) with the layer's LoRA adapters stacked on each."""
     stacked = []
-    for p, group in zip((base.qkv, base.o, base.gate_up, base.down), _groups(layer), strict=True):
+    for p, group in zip((base.qkv, base.o, base.gate_up, base.down), groups(layer), strict=True):
         a, b = _stack(group)
         sources = [(t, t._version) for m in group for t in _single_lora(m)]
         stacked.append(StackedLoRA(p, a, b, gate, sources))

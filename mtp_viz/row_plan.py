@@ -27,24 +27,14 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
-from datetime import UTC, datetime
 
 import torch
 from torch import nn
 
+from mtp_viz import measured
 from mtp_viz.kernels import MAX_ROWS, RAW_ROWS, FastLinear, RowPlan, fast_linear
 from mtp_viz.lean import lean_model
-from mtp_viz.linear_plan import (
-    BY_LOAD,
-    MARGIN,
-    MAX_SPREAD,
-    WIN_SHARE,
-    load_average,
-    plan_path,
-    raw_record,
-    spread,
-    write_section,
-)
+from mtp_viz.linear_plan import BY_LOAD, MARGIN, MAX_SPREAD, WIN_SHARE, plan_path, spread
 from mtp_viz.machine import machine_info
 from mtp_viz.projections import Concat, FusedLinear, StackedLoRA, base_linear, plan_of_linear
 from mtp_viz.weights import COMPUTE, FP32, FormatLinear
@@ -149,7 +139,7 @@ def timed(found: list, plans: list[RowPlan]) -> dict[RowPlan, dict[int, list[flo
 
 def measure(fmt: str, found: list, rows=PROBED_ROWS, by: str = BY_LOAD) -> dict:
     """The row plan for one format's products on this machine, and how it was found (the record)."""
-    started, load = time.time(), load_average()
+    started, load = time.time(), measured.load_average()
     failures: dict[RowPlan, str | None] = {}
     with torch.inference_mode():
         for plan in CANDIDATES:
@@ -172,7 +162,7 @@ def measure(fmt: str, found: list, rows=PROBED_ROWS, by: str = BY_LOAD) -> dict:
         "cost_ms": {
             p.describe(): {str(r): round(statistics.median(t) * 1e3, 3) for r, t in c.items()} for p, c in costs.items()
         },
-        "measured_at": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+        "measured_at": measured.stamp(started),
         "by": by,
         "machine": machine_info("cpu"),
         "load_average": load,
@@ -208,7 +198,7 @@ def row_plans(model: nn.Module, by: str = BY_LOAD, again: bool = False, write: b
     """Per format `model` computes in: its row-plan record on this machine, cached in the kernel
     plan's record, else (or when `again`) measured now and cached unless not `write`."""
     path = plan_path(model)
-    cached = raw_record(path).get(SECTION, {})
+    cached = measured.read_raw(path).get(SECTION, {})
     out = {}
     for fmt, found in products(model).items():
         key = entry_key(fmt, found)
@@ -218,7 +208,7 @@ def row_plans(model: nn.Module, by: str = BY_LOAD, again: bool = False, write: b
                 log.warning("checking that %s products are row-invariant on this machine (once)", fmt)
             entry = measure(fmt, found, by=by)
             if write:
-                write_section(path, SECTION, key, entry)
+                measured.write_entry(path, SECTION, key, entry, what="the row plans")
             if not entry["plan"]["exact"]:
                 log.warning("%s is not lossless on this machine: %s", fmt, entry["plan"]["why"])
         out[fmt] = entry
@@ -233,9 +223,10 @@ def entry_key(fmt: str, found: list) -> str:
 
 
 def _good(entry: dict | None, found: list) -> bool:
-    if not isinstance(entry, dict) or entry.get("version") != VERSION:
-        return False
-    return entry.get("shapes") == shapes(found) and entry.get("probed_rows") == list(PROBED_ROWS)
+    """Whether a cached entry holds for these products: its version, shapes and probed rows."""
+    return measured.valid(
+        entry, VERSION, check=lambda e: e.get("shapes") == shapes(found) and e.get("probed_rows") == list(PROBED_ROWS)
+    )
 
 
 def use_row_plans(model: nn.Module, plans: dict[str, RowPlan]) -> nn.Module:

@@ -29,7 +29,7 @@ from torch.nn import functional as F
 
 from mtp_viz.drafters.vocab import ReducedHead
 from mtp_viz.errors import UserError
-from mtp_viz.kernels import RAW_ROWS, RowPlan
+from mtp_viz.kernels import RAW_ROWS, RowPlan, replace_module
 
 FP32, BF16, INT8, Q4 = "fp32", "bf16", "int8", "q4"
 AUTO = "auto"
@@ -148,7 +148,9 @@ class FormatLinear(nn.Linear):
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def current(self) -> bool:
-        """For a fused one (`fuse`): whether the linears it fused still hold views of its buffers."""
+        """For a fused one (`fuse`): whether the linears it fused still hold views of its buffers.
+        A storage check on purpose: their buffers can be replaced under it (`model.to`, a buffer
+        assigned anew) while the modules, and so their types, stay."""
         ptr = getattr(self, self.ROWS[0]).untyped_storage().data_ptr()
         return all(getattr(m, self.ROWS[0]).untyped_storage().data_ptr() == ptr for m in self.fused_from)
 
@@ -228,7 +230,9 @@ class Q4Linear(FormatLinear):
         return self.out_features * self.in_features // 2 + self.out_features * self.in_features // GROUP * 2 * 2
 
     def kernel(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The kernel's packed codes and scales, made on first use (and again if the codes are replaced)."""
+        """The kernel's packed codes and scales, made on first use, and again once the codes or
+        scales lie elsewhere (moved, assigned anew, or made views of a fused buffer by `fuse`):
+        keyed by where they lie, as the module stays the same object through all of those."""
         key = (self.codes.data_ptr(), self.d.data_ptr())
         if getattr(self, "_kernel_key", None) != key:
             self._kernel = (kernel_pack(self.codes), self.kernel_scales())
@@ -268,12 +272,16 @@ def convert(linear: nn.Linear, fmt: str, codes: Q4Codes | None = None) -> Format
 
 
 def apply_format(model: nn.Module, fmt: str, codes: Mapping[str, Q4Codes] | None = None) -> nn.Module:
-    """Swap every linear of `model` for one in `fmt`, in place (the output head: HEAD_FORMAT[fmt]);
-    q4 takes a matrix's codes from `codes` (module name → Q4Codes) where given. A reduced drafter
-    head (drafters.vocab) gets its product in the head's format. Returns the model."""
+    """Every linear of `model` replaced in its parent by one in `fmt` (the output head: in
+    HEAD_FORMAT[fmt]); q4 takes a matrix's codes from `codes` (module name → Q4Codes) where given.
+    A reduced drafter head (drafters.vocab) gets its product in the head's format. Linears already
+    in `fmt` (a derived model sharing its base's modules) stay. Returns the model (the new linear
+    when `model` itself is one); `format_of` reads the format back from the modules' types."""
     if fmt == FP32:
         return model
     check_format(fmt, next(model.parameters()).device)
+    if isinstance(model, nn.Linear):
+        return convert(model, fmt)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
@@ -281,16 +289,17 @@ def apply_format(model: nn.Module, fmt: str, codes: Mapping[str, Q4Codes] | None
             if isinstance(child, nn.Linear) and "lora_" not in full:  # LoRA adapters stay float32
                 wanted = HEAD_FORMAT[fmt] if child is head else fmt
                 if wanted != FP32:
-                    setattr(module, child_name, convert(child, wanted, (codes or {}).get(full)))
+                    replace_module(module, child_name, convert(child, wanted, (codes or {}).get(full)))
         if isinstance(module, ReducedHead) and module.product is None and HEAD_FORMAT[fmt] != FP32:
             module.product = FORMAT_CLASSES[HEAD_FORMAT[fmt]].of(module.weight).to(module.weight.device)
-    model.mtp_viz_weights = fmt
     return model
 
 
 def format_of(model: nn.Module) -> str:
-    """The format `apply_format` gave `model` (fp32 when none)."""
-    return getattr(model, "mtp_viz_weights", FP32)
+    """The format `model`'s linears hold their weights in, read from their types (FormatLinear's
+    `fmt`; the output head, in HEAD_FORMAT, aside): fp32 when none is in a format."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return next((m.fmt for m in model.modules() if isinstance(m, FormatLinear) and m is not head), FP32)
 
 
 def fuse(linears: tuple[nn.Module, ...]) -> FormatLinear | None:

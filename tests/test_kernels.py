@@ -74,6 +74,31 @@ def test_use_fast_linears_keeps_the_modules_and_their_weights():
     torch.testing.assert_close(model(x), expected)
 
 
+def test_a_fast_linear_is_made_of_the_linear_it_replaces():
+    """use_fast_linears puts a FastLinear in each plain linear's place: the same parameter objects
+    (no copy), the old module's hooks and mode; a bare linear comes back as one; a module that calls
+    fast_linear itself (a Planned one: a drafter's reduced head) gets the plan too."""
+    from mtp_viz.drafters.vocab import ReducedHead
+
+    first = nn.Linear(4, 8)
+    seen = []
+    first.register_forward_hook(lambda _m, _i, out: seen.append(out.shape) or out * 2)
+    head = ReducedHead(torch.randn(10, 8), torch.tensor([1, 3, 5]), vocab_size=10)
+    model = nn.Sequential(first, nn.ReLU(), head).eval()
+    x = torch.randn(2, 4)
+    expected = model(x)
+    assert use_fast_linears(model, FIXED_PLAN) is model
+    fast = model[0]
+    assert type(fast) is FastLinear and fast is not first and not fast.training
+    assert fast.weight is first.weight and fast.bias is first.bias
+    torch.testing.assert_close(model(x), expected)
+    assert len(seen) == 2  # the hook moved with the module
+    assert head.plan is FIXED_PLAN and plan_of(model) is FIXED_PLAN
+    bare = nn.Linear(4, 2)
+    made = use_fast_linears(bare, FIXED_PLAN)
+    assert type(made) is FastLinear and made.weight is bare.weight and made.plan is FIXED_PLAN
+
+
 def test_registry_models_use_it_on_a_cpu_in_float32_only(use_tiny_registry):
     from mtp_viz.models import load_model
 

@@ -113,6 +113,28 @@ def test_fused_projections_are_views_and_leave_the_weights_alone():
     assert lean_model(model) is not lean and lean_model(model).current()
 
 
+def test_the_lean_view_is_remade_once_a_transform_replaces_a_module_and_dies_with_the_model():
+    """The lean view is kept beside the model (not in it) and knows the modules it was made over:
+    a linear swapped for a FastLinear after it was made makes it stale, and it holds the model only
+    weakly, so a dropped model takes its view with it."""
+    import gc
+    import weakref
+
+    from mtp_viz.kernels import FIXED_PLAN, FastLinear, use_fast_linears
+
+    model = tiny_model("llama-2l")
+    lean = lean_model(model)
+    assert lean_model(model) is lean and "_mtp_viz_lean" not in model.__dict__
+    use_fast_linears(model, FIXED_PLAN)
+    again = lean_model(model)
+    assert again is not lean and not lean.current()
+    assert type(again.blocks[0].proj.o) is FastLinear and again.head is model.lm_head
+    gone = weakref.ref(again)
+    del model, lean, again
+    gc.collect()
+    assert gone() is None
+
+
 def test_unsupported_models_run_on_transformers_forward(monkeypatch):
     config = GPT2Config(vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=4)
     gpt2 = GPT2LMHeadModel(config).eval()
@@ -194,9 +216,13 @@ def test_peers_run_the_plain_model_and_put_our_linears_back(use_tiny_registry):
 
     model = load_model("tiny").model
     fast = [m for m in model.modules() if type(m) is FastLinear]
+    lean = lean_model(model)
     with stock_linears(model):
-        assert fast and all(type(m) is nn.Linear for m in fast)
-    assert all(type(m) is FastLinear for m in fast)
+        plain = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        assert fast and all(type(m) is nn.Linear for m in plain)
+        assert {id(m.weight) for m in plain} == {id(m.weight) for m in fast}  # the same parameters
+    assert [m for m in model.modules() if type(m) is FastLinear] == fast  # the same modules back
+    assert lean_model(model) is lean  # so the lean view made before still holds
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import torch
 from conftest import decode, perturbed, tiny_model
 from test_greedy_identity import PROMPT, _lossless_runs
 
-from mtp_viz import models, weights_auto
+from mtp_viz import loading, weights_auto
 from mtp_viz.kernels import RAW_ROWS, STOCK_PLAN, RowPlan, use_fast_linears
 from mtp_viz.machine import describe
 from mtp_viz.row_plan import (
@@ -47,9 +47,9 @@ def never_the_same(self, x: torch.Tensor) -> torch.Tensor:
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MTP_VIZ_CACHE", str(tmp_path))
-    models._load_cached.cache_clear()  # models loaded with the stand-in are not kept
+    loading.forget()  # models loaded with the stand-in are not kept
     yield tmp_path
-    models._load_cached.cache_clear()
+    loading.forget()
 
 
 def test_row_plans_pad_and_chunk_the_calls_and_keep_the_rows():
@@ -100,7 +100,7 @@ def test_a_row_count_dependent_product_is_named_and_made_exact(cache, monkeypatc
 
 def test_a_product_no_plan_makes_exact_is_not_lossless_and_says_so(cache, use_tiny_registry, monkeypatch):
     monkeypatch.setattr(Int8Linear, "product", never_the_same)
-    loaded = models.load_model("tiny", weights=INT8)
+    loaded = loading.load_model("tiny", weights=INT8)
     [why] = not_lossless(loaded.model)
     assert re.fullmatch(
         r"int8 \d+x\d+: a row of a 1-row product differs from the one-token product", why

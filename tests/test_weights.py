@@ -52,6 +52,10 @@ def test_every_linear_is_swapped_and_the_head_takes_its_own_format(fmt):
     assert getattr(model.lm_head, "fmt", FP32) == HEAD_FORMAT[fmt]
     assert {m.fmt for m in model.model.layers.modules() if isinstance(m, FormatLinear)} == {fmt}
     assert format_of(model) == fmt and format_of(tiny_model()) == FP32
+    other = tiny_model()  # a model sharing the formatted layers (an early exit) is in the format: its types say so
+    other.model.layers = model.model.layers
+    assert format_of(other) == fmt and "mtp_viz_weights" not in vars(model)
+    assert apply_format(other, fmt).model.layers[0].mlp.down_proj is model.model.layers[0].mlp.down_proj
 
 
 @pytest.mark.parametrize("fmt", QUANTIZED)

@@ -32,7 +32,6 @@ MASK_ONLY, EVERYWHERE = "mask_only", "everywhere"
 GATINGS = (MASK_ONLY, EVERYWHERE)
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MASK_VECTOR = "mask_embedding"
-LEAN_ATTRIBUTE = "_mtp_viz_lean"  # mtp_viz.lean's per-model state, never copied into a view
 
 
 @dataclass(frozen=True)
@@ -92,13 +91,7 @@ def initial_vector(embed: nn.Embedding, generator: torch.Generator | None = None
 def shared_view(model: PreTrainedModel) -> PreTrainedModel:
     """New modules around `model`'s own parameters and buffers (no weight is copied)."""
     memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    lean = model.__dict__.pop(LEAN_ATTRIBUTE, None)
-    try:
-        view = copy.deepcopy(model, memo)
-    finally:
-        if lean is not None:
-            model.__dict__[LEAN_ATTRIBUTE] = lean
-    return view.eval()
+    return copy.deepcopy(model, memo).eval()
 
 
 def _gate_output(gate: Gate):

@@ -12,15 +12,15 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from mtp_viz.kernels import STOCK_PLAN, fast_linear
+from mtp_viz.kernels import Planned, fast_linear
 
 
-class ReducedHead(nn.Module):
-    """The target's LM-head rows for `ids`, frozen; full-vocabulary logits out."""
+class ReducedHead(Planned):
+    """The target's LM-head rows for `ids`, frozen; full-vocabulary logits out. Its product runs
+    on the model's linear plan (a Planned module: mtp_viz.kernels.use_fast_linears sets `plan`)."""
 
     def __init__(self, full_weight: torch.Tensor, ids: torch.Tensor, vocab_size: int):
         super().__init__()
-        self.plan = STOCK_PLAN  # the linear path (mtp_viz.kernels), set with the model's
         self.vocab_size = vocab_size
         self.register_buffer("ids", ids.long(), persistent=False)
         self.weight = nn.Parameter(full_weight.detach()[ids.long()].clone(), requires_grad=False)  # (V', H)
