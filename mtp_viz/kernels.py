@@ -26,6 +26,7 @@ agree (mtp_viz.row_plan measures it per machine and format).
 
 import logging
 import os
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -157,6 +158,9 @@ def planned_linear(
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
+_PLAIN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # FastLinear → its plain nn.Linear (`plain`)
+
+
 class Planned(nn.Module):
     """A module whose products run `fast_linear` under a linear `plan`: FastLinear, and modules
     that call fast_linear themselves (a drafter's reduced head). `use_fast_linears` sets it."""
@@ -179,12 +183,19 @@ class FastLinear(nn.Linear, Planned):
 
     @classmethod
     def of(cls, linear: nn.Linear, plan: Plan = STOCK_PLAN) -> "FastLinear":
-        return cls(linear.weight, linear.bias, plan)
+        fast = cls(linear.weight, linear.bias, plan)
+        _PLAIN[fast] = linear
+        return fast
 
     def plain(self) -> nn.Linear:
-        """An nn.Linear over the same parameters (built on the meta device: nothing allocated)."""
-        linear = nn.Linear(self.in_features, self.out_features, self.bias is not None, device="meta")
-        linear.weight, linear.bias = self.weight, self.bias
+        """The nn.Linear over the same parameters: the one this was made `of`, else one made once
+        (on the meta device, then given these parameters). The same object each time, so that a
+        compiled peer (mtp_viz.peers) meets the modules it was compiled for."""
+        linear = _PLAIN.get(self)
+        if linear is None or linear.weight is not self.weight or linear.bias is not self.bias:
+            linear = nn.Linear(self.in_features, self.out_features, self.bias is not None, device="meta")
+            linear.weight, linear.bias = self.weight, self.bias
+            _PLAIN[self] = linear
         return linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

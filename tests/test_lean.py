@@ -222,6 +222,8 @@ def test_peers_run_the_plain_model_and_put_our_linears_back(use_tiny_registry):
         assert fast and all(type(m) is nn.Linear for m in plain)
         assert {id(m.weight) for m in plain} == {id(m.weight) for m in fast}  # the same parameters
     assert [m for m in model.modules() if type(m) is FastLinear] == fast  # the same modules back
+    with stock_linears(model):  # the same plain ones each time (a compiled peer's guards hold)
+        assert [m for m in model.modules() if isinstance(m, nn.Linear)] == plain
     assert lean_model(model) is lean  # so the lean view made before still holds
 
 
