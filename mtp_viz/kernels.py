@@ -230,10 +230,12 @@ def use_fast_linears(model: nn.Module, plan: Plan) -> nn.Module:
     model (a FastLinear when `model` itself is a plain nn.Linear)."""
     if type(model) is nn.Linear:
         return FastLinear.of(model, plan)
+    made: dict[nn.Module, FastLinear] = {}  # a linear under two parents becomes one FastLinear
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                replace_module(parent, name, FastLinear.of(child, plan))
+                made[child] = made.get(child) or FastLinear.of(child, plan)
+                replace_module(parent, name, made[child])
     for module in model.modules():
         if isinstance(module, Planned):
             module.plan = plan

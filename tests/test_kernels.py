@@ -97,6 +97,9 @@ def test_a_fast_linear_is_made_of_the_linear_it_replaces():
     bare = nn.Linear(4, 2)
     made = use_fast_linears(bare, FIXED_PLAN)
     assert type(made) is FastLinear and made.weight is bare.weight and made.plan is FIXED_PLAN
+    linear = nn.Linear(2, 2)
+    shared = use_fast_linears(nn.Sequential(nn.Sequential(linear), nn.Sequential(linear)), FIXED_PLAN)
+    assert type(shared[0][0]) is FastLinear and shared[0][0] is shared[1][0]  # one module under two parents stays one
 
 
 def test_registry_models_use_it_on_a_cpu_in_float32_only(use_tiny_registry):
