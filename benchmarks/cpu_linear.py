@@ -24,7 +24,7 @@ import torch
 from torch.nn import functional as F
 
 from mtp_viz import kernels
-from mtp_viz.models import encode_prompt, load_model, quiet_transformers
+from mtp_viz.loading import encode_prompt, load_model, quiet_transformers
 from mtp_viz.profile import profile
 from mtp_viz.prompts import spec_bench_prompt
 from mtp_viz.runner import RunRequest, run

@@ -43,8 +43,8 @@ from mtp_viz.llama_peers import (
     parting,
     unavailable,
 )
+from mtp_viz.loading import encode_prompt, load_model, quiet_transformers
 from mtp_viz.machine import describe_peer, machine_info, machine_label
-from mtp_viz.models import encode_prompt, load_model, quiet_transformers
 from mtp_viz.peers import HF_GENERATE, HF_PROMPT_LOOKUP, HF_STATIC_COMPILE, run_peer
 from mtp_viz.prompts import CODE_EDIT_PROMPT, spec_bench_prompt
 from mtp_viz.quality import first_divergence

@@ -24,7 +24,7 @@ import time
 
 from served import rss_mb, served_app
 
-from mtp_viz.models import quiet_transformers
+from mtp_viz.loading import quiet_transformers
 
 PROMPTS = [
     "Explain in two sentences why the sky is blue.",

@@ -15,7 +15,7 @@ import torch
 
 from mtp_viz.cache import CachedModel
 from mtp_viz.kernels import RAW_ROWS
-from mtp_viz.models import load_model
+from mtp_viz.loading import load_model
 from mtp_viz.row_plan import applied, use_row_plans
 from mtp_viz.weights import FORMATS
 

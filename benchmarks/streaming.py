@@ -14,7 +14,7 @@ from dataclasses import fields
 
 from served import cpu_seconds, served_app
 
-from mtp_viz.models import quiet_transformers
+from mtp_viz.loading import quiet_transformers
 from mtp_viz.prompts import CODE_EDIT_PROMPT
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies import STRATEGIES

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
+from mtp_viz.loading import load_model, quiet_transformers
 from mtp_viz.machine import describe
-from mtp_viz.models import load_model, quiet_transformers
 from mtp_viz.runner import RECORD_MINIMAL, RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.weights import FORMATS, FP32, FormatLinear

@@ -26,7 +26,7 @@ import torch
 
 from mtp_viz.drafters.draft import build_draft, read_spec
 from mtp_viz.drafters.heads import HeadsSpec, build_heads
-from mtp_viz.models import encode_prompt, load_heads_for, load_model, quiet_transformers
+from mtp_viz.loading import encode_prompt, load_heads_for, load_model, quiet_transformers
 from mtp_viz.prompts import spec_bench
 from mtp_viz.registry import load_registry
 from mtp_viz.runner import RunRequest, run

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import torch
 
-from mtp_viz.eagle3_models import load_eagle3_for
-from mtp_viz.models import load_heads_for, load_model, quiet_transformers
+from mtp_viz.loading import load_eagle3_for, load_heads_for, load_model, quiet_transformers
 from mtp_viz.training import eagle, heads
 from mtp_viz.training.data import load_sequences
 

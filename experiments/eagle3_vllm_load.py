@@ -27,7 +27,7 @@ import httpx
 import torch
 
 from mtp_viz.drafters.eagle3 import Eagle3Config, Eagle3Drafter, save_eagle3
-from mtp_viz.models import encode_prompt, load_model
+from mtp_viz.loading import encode_prompt, load_model
 from mtp_viz.serving.backend import CPU_KV_CACHE_GIB
 from mtp_viz.serving.client import complete, completion_body, spec_counters
 from mtp_viz.serving.export import model_dir

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from mtp_viz.drafters.heads import HeadsSpec, build_heads, trained_parameters
-from mtp_viz.models import load_heads_for, load_model, quiet_transformers
+from mtp_viz.loading import load_heads_for, load_model, quiet_transformers
 from mtp_viz.training.data import load_sequences
 from mtp_viz.training.heads import HeadsTrainConfig, losses, positions
 from mtp_viz.training.loop import LoopConfig, seed_everything, train

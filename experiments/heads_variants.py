@@ -42,7 +42,8 @@ from torch import nn
 from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from mtp_viz.models import cache_root, encode_prompt, load_heads_for, load_model, quiet_transformers
+from mtp_viz.loading import encode_prompt, load_heads_for, load_model, quiet_transformers
+from mtp_viz.paths import cache_root
 from mtp_viz.prompts import spec_bench
 from mtp_viz.sampling import Warp
 from mtp_viz.training.data import DataConfig, generate_batch, load_sequences

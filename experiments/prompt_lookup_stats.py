@@ -19,7 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from mtp_viz.models import quiet_transformers
+from mtp_viz.loading import quiet_transformers
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
 

@@ -19,7 +19,7 @@ import torch
 
 from mtp_viz.cache import CachedModel, node_depths, tree_visibility
 from mtp_viz.clock import Clock
-from mtp_viz.models import load_model
+from mtp_viz.loading import load_model
 from mtp_viz.strategies.base import DecodeContext, GenerationSettings, verify_tree
 
 

@@ -8,13 +8,13 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 import torch
 
-from mtp_viz.eagle3_models import load_eagle3_for
 from mtp_viz.errors import UserError
 from mtp_viz.labels import BENCH_COLUMNS, is_peer
-from mtp_viz.models import load_heads_for, load_model, resolve_device
+from mtp_viz.loading import load_eagle3_for, load_heads_for, load_model, resolve_device
+from mtp_viz.loading.drafters import registered
 from mtp_viz.registry import load_registry
-from mtp_viz.runner import build_strategy_settings, parse_variant
 from mtp_viz.strategies import STRATEGIES, get_strategy
+from mtp_viz.strategies.variants import build_strategy_settings, parse_variant
 from mtp_viz.theory import break_even, concurrency_speedup
 from mtp_viz.trace import Trace
 
@@ -122,17 +122,7 @@ def label_cost(model: str, label: str, row: pd.Series, context: int) -> DeployCo
     name, values = parse_variant(label)
     spec = get_strategy(name)
     settings = build_strategy_settings(name, values, resolve_device(None).type)
-    registry = load_registry()
-    entry = registry.get(model)
-    target, extra = model, None
-    if spec.masks_wanted(settings) and entry.mask_model:
-        target = entry.mask_model
-    elif spec.needs_draft:
-        extra = entry.drafts[0] if entry.drafts else None
-    elif spec.heads_needed(settings, entry.mask_token_id):
-        extra = entry.heads[0] if entry.heads else None
-    elif spec.needs_eagle3:
-        extra = entry.eagle3[0] if entry.eagle3 else None
+    target, extra = registered(model, spec.drafters(settings))
     tokens = float(row.get("mean_accepted_tokens") or 1.0)
     drafts = row.get("draft_forwards_per_forward")
     per_token = (1.0 / tokens, (0.0 if drafts is None or pd.isna(drafts) else float(drafts)) / tokens)

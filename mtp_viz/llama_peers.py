@@ -29,7 +29,7 @@ from transformers import PreTrainedModel
 from mtp_viz.child import exit_reason
 from mtp_viz.errors import UserError
 from mtp_viz.labels import LLAMA_CPP_PREFIX
-from mtp_viz.models import LoadedModel
+from mtp_viz.loading import LoadedModel
 from mtp_viz.peers import PeerRun
 from mtp_viz.quality import first_divergence
 from mtp_viz.registry import load_registry

@@ -14,7 +14,7 @@ from transformers import CompileConfig
 
 from mtp_viz.clock import Clock
 from mtp_viz.kernels import stock_linears
-from mtp_viz.models import LoadedModel
+from mtp_viz.loading import LoadedModel
 
 HF_GENERATE = "hf_generate"  # plain greedy generate
 HF_STATIC_COMPILE = "hf_static_compile"  # transformers' own fast path: static cache + torch.compile

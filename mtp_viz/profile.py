@@ -16,8 +16,8 @@ from transformers import DynamicCache
 from mtp_viz.cache import CachedModel, engine_for
 from mtp_viz.clock import Clock
 from mtp_viz.errors import UserError
+from mtp_viz.loading import LoadedModel
 from mtp_viz.machine import machine_info, machine_label
-from mtp_viz.models import LoadedModel, linear_path
 
 MAX_K = 32
 CONTEXT_TOKENS = 256  # the KV-cache length the forwards run against
@@ -111,7 +111,7 @@ def profile(
         machine={
             **machine_info(target.device),
             "forward": engine_for(target.model),
-            "linear": linear_path(target),
+            "linear": target.linear,
             "weights": target.weights_detail,
         },
         batch_cost=batch_cost,

@@ -10,7 +10,7 @@ import torch
 from scipy import stats
 
 from mtp_viz.errors import InvalidSettingsError, UserError
-from mtp_viz.models import load_model
+from mtp_viz.loading import load_model
 from mtp_viz.runner import Run
 from mtp_viz.sampling import probs_from_logits
 from mtp_viz.strategies import STRATEGIES

@@ -11,27 +11,22 @@ from typing import Any
 
 import torch
 
-from mtp_viz.cache import LEAN, CachedModel, engine_for
 from mtp_viz.clock import Clock
 from mtp_viz.detok import TextTracker
-from mtp_viz.eagle3_models import load_eagle3_for
 from mtp_viz.errors import InvalidSettingsError, UserError
-from mtp_viz.lean import CompileUnavailable, lean_model
+from mtp_viz.loading import DrafterRequest, encode_prompt, load_drafting, load_model, resolve_device, shared_vocab_size
 from mtp_viz.machine import machine_info
-from mtp_viz.models import (
-    LoadedModel,
-    encode_prompt,
-    linear_path,
-    load_heads_for,
-    load_model,
-    resolve_device,
-    shared_vocab_size,
-    weights_choice,
-)
-from mtp_viz.registry import load_registry
-from mtp_viz.strategies import STRATEGIES, get_strategy
+from mtp_viz.prepare import prepare_engine, warm_up
+from mtp_viz.strategies import get_strategy
 from mtp_viz.strategies.base import DecodeContext, GenerationSettings
-from mtp_viz.strategies.settings import for_device
+from mtp_viz.strategies.variants import (  # noqa: F401 TEMP
+    build_strategy_settings,
+    coerce,
+    parse_variant,
+    setting_names,
+    settings_of,
+    split_variants,
+)
 from mtp_viz.trace import STOP_CANCELLED, STOP_EOS, STOP_MAX_NEW_TOKENS, Step, Trace
 from mtp_viz.weights import AUTO, CHOICES, FP32
 
@@ -71,81 +66,6 @@ class RunRequest:
     weights: str = FP32
 
 
-def setting_names(strategy: str) -> set[str]:
-    return {f.name for f in fields(get_strategy(strategy).settings_cls)}
-
-
-def settings_of(strategy: str, offered: dict[str, Any]) -> dict[str, Any]:
-    """The offered values this strategy has a setting for (None means unset): for callers, like the
-    UI and the bench, that hold one set of controls for every strategy."""
-    known = setting_names(strategy)
-    return {k: v for k, v in offered.items() if k in known and v is not None}
-
-
-def coerce(strategy: str, name: str, value: Any) -> Any:
-    """A setting value as typed by a person (text) or a UI (floats for integers) → the setting's type."""
-    field = next((f for f in fields(get_strategy(strategy).settings_cls) if f.name == name), None)
-    if field is None:
-        allowed = ", ".join(sorted(setting_names(strategy))) or "none"
-        raise InvalidSettingsError(f"strategy {strategy} has no setting {name} (settings: {allowed})")
-    kind = type(field.default)
-    if kind is bool and isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-        return value.lower() in ("true", "1", "yes")
-    if kind is int and isinstance(value, (str, float)) and not isinstance(value, bool):
-        try:
-            number = float(value)
-        except ValueError:
-            raise InvalidSettingsError(f"{name} must be a whole number, got {value!r}") from None
-        if not number.is_integer():
-            raise InvalidSettingsError(f"{name} must be a whole number, got {value}")
-        return int(number)
-    if kind is float and isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            raise InvalidSettingsError(f"{name} must be a number, got {value!r}") from None
-    return value
-
-
-def split_variants(text: str) -> list[str]:
-    """ "a,b:tree=0,1,00,c" → ["a", "b:tree=0,1,00", "c"]: a comma starts a new variant only
-    where a strategy name follows, so settings whose values hold commas (MTP trees) survive."""
-    variants: list[str] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        if part.split(":")[0] in STRATEGIES or not variants:
-            variants.append(part)
-        else:
-            variants[-1] += "," + part
-    return variants
-
-
-def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
-    """ "conf_adapt:tau=0.8:k=4" → ("conf_adapt", {"tau": 0.8, "k": 4}); a plain name has no settings."""
-    name, *pairs = text.strip().split(":")
-    get_strategy(name)
-    values = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise InvalidSettingsError(f"expected key=value after {name}:, got {pair!r}")
-        values[key.strip()] = coerce(name, key.strip(), value.strip())
-    return name, values
-
-
-def build_strategy_settings(strategy: str, values: dict[str, Any], device_type: str):
-    """Keyword values → the strategy's frozen settings, the device's defaults for the rest
-    ("cpu", "cuda", ...); unknown keys are an error."""
-    spec = get_strategy(strategy)
-    known = setting_names(strategy)
-    unknown = sorted(set(values) - known)
-    if unknown:
-        allowed = ", ".join(sorted(known)) or "none"
-        raise InvalidSettingsError(f"strategy {strategy} has no setting {', '.join(unknown)} (settings: {allowed})")
-    return for_device(spec.settings_cls, device_type, values)
-
-
 class Run:
     """One decoding run. Iterate `steps()` to stream; afterwards `trace` holds the result."""
 
@@ -164,23 +84,12 @@ class Run:
             raise InvalidSettingsError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, got {request.compile!r}")
         if request.weights not in CHOICES:
             raise InvalidSettingsError(f"weights must be one of {', '.join(CHOICES)}, got {request.weights!r}")
-        model_name = request.model or load_registry().default_for(device.type)
-        self.target = load_model(model_name, request.device, request.dtype, request.weights)
-        self.draft = self._load_draft(model_name) if self.spec.needs_draft else None
-        entry = load_registry().models.get(model_name)
-        self.mask_token_id = entry.mask_token_id if entry else None
-        if self.mask_token_id is None and entry and entry.mask_model and self.spec.masks_wanted(self.settings):
-            # the model's mask-token MTP model: the same weights with a mask token and its adapter
-            self.target = load_model(entry.mask_model, request.device, request.dtype, request.weights)
-            self.mask_token_id = load_registry().get(entry.mask_model).mask_token_id
-        self.heads_name, self.heads = (
-            load_heads_for(self.target, request.heads)
-            if self.spec.heads_needed(self.settings, self.mask_token_id)
-            else (None, None)
+        self.target = load_model(request.model, request.device, request.dtype, request.weights)
+        drafters = DrafterRequest(
+            self.spec.name, request.draft, request.heads, request.eagle3, request.device, request.dtype, request.weights
         )
-        self.eagle3_name, self.eagle3 = (
-            load_eagle3_for(self.target, request.eagle3) if self.spec.needs_eagle3 else (None, None)
-        )
+        self.drafting = load_drafting(self.target, self.spec.drafters(self.settings), drafters)
+        self.target, self.draft = self.drafting.target, self.drafting.draft
         self.vocab_size = (
             shared_vocab_size(self.target, self.draft) if self.draft else self.target.model.config.vocab_size
         )
@@ -189,18 +98,6 @@ class Run:
         self.trace: Trace | None = None
         self._cancelled = False
         self.engine: dict[str, Any] | None = None  # set by prepare()
-
-    def _load_draft(self, model_name: str) -> LoadedModel:
-        name = self.request.draft
-        if name is None:
-            entry = load_registry().models.get(model_name)
-            if entry is None or not entry.drafts:
-                raise UserError(
-                    f"strategy {self.spec.name} needs a draft model; none is registered for "
-                    f"{model_name}, so name one with --draft"
-                )
-            name = entry.drafts[0]
-        return load_model(name, self.request.device, self.request.dtype, self.request.weights)
 
     def _prompt_ids(self) -> list[int]:
         r = self.request
@@ -237,11 +134,12 @@ class Run:
             )
             self.engine = prepare_engine([m for m in (self.target, self.draft) if m is not None], wanted)
             if self.request.weights == AUTO:
-                self.engine["weights_choice"] = weights_choice(self.target.name)
-            taps = tuple(self.eagle3.config.aux_layer_ids) if self.eagle3 is not None else ()
+                self.engine["weights_choice"] = self.target.weights_why
+            eagle3 = self.drafting.eagle3
+            taps = tuple(eagle3.config.aux_layer_ids) if eagle3 is not None else ()
             for m in (self.target, self.draft):
                 if m is not None:
-                    _warm_up(m, self.prompt_ids, taps if m is self.target else ())
+                    warm_up(m, self.prompt_ids, taps if m is self.target else ())
         return self.engine
 
     def steps(self) -> Iterator[Step]:
@@ -255,9 +153,9 @@ class Run:
         ctx = DecodeContext(
             target=self.target.model,
             draft=self.draft.model if self.draft else None,
-            heads=self.heads,
-            eagle3=self.eagle3,
-            mask_token_id=self.mask_token_id,
+            heads=self.drafting.heads,
+            eagle3=self.drafting.eagle3,
+            mask_token_id=self.drafting.mask_token_id,
             prompt_ids=self.prompt_ids,
             generation=gen,
             eos_token_ids=self.target.eos_token_ids,
@@ -308,7 +206,7 @@ class Run:
         return Trace(
             strategy=self.spec.name,
             model=self.target.name,
-            draft_model=self.draft.name if self.draft else self.heads_name or self.eagle3_name,
+            draft_model=self.drafting.name,
             settings=settings,
             prompt_token_ids=list(self.prompt_ids),
             output_token_ids=list(output),
@@ -340,47 +238,3 @@ def attach_text(step: Step, texts: TextTracker) -> None:
             d.text = t
     for e, t in zip(step.emitted, texts.commit([e.token_id for e in step.emitted]), strict=True):
         e.text = t
-
-
-def prepare_engine(models: list[LoadedModel], compile_wanted: bool) -> dict[str, Any]:
-    """Set each model's lean forward to compiled or eager; what the trace records of the engine:
-    the forward (lean or transformers'), the linear path, compiled or not and what it cost."""
-    target = models[0]
-    engine: dict[str, Any] = {
-        "forward": engine_for(target.model),
-        "linear": linear_path(target),
-        "weights": target.weights_detail,
-        "compiled": False,
-        "compile_s": 0.0,
-    }
-    for m in models:
-        lean = lean_model(m.model) if engine_for(m.model) == LEAN else None
-        if lean is None:
-            continue
-        if not compile_wanted:
-            lean.decompile()
-            continue
-        try:
-            engine["compile_s"] += lean.compile()
-            engine["compiled"] = True
-        except CompileUnavailable as e:
-            log.warning("torch.compile unavailable, running eager: %s", e)
-            engine["compile_note"] = str(e)
-    if compile_wanted and engine["forward"] != LEAN:
-        engine["compile_note"] = "the model runs on transformers' forward, which is not compiled here"
-    return engine
-
-
-@torch.inference_mode()
-def _warm_up(loaded: LoadedModel, prompt_ids: list[int], taps: tuple[int, ...] = ()) -> None:
-    """Short forwards outside the timed region, through the engine decoding will use (its lean
-    view, rotary tables, allocations, lazy kernels): two tokens, then one; with `taps` (an EAGLE-3
-    target) the same again through the tapped forward, whose layer segments compile apart."""
-    first, then = prompt_ids[:2], prompt_ids[:3] if len(prompt_ids) > 2 else prompt_ids[:2] + prompt_ids[:1]
-    cached = CachedModel(loaded.model)
-    cached.forward(first)
-    cached.forward(then)
-    if taps:
-        cached = CachedModel(loaded.model)
-        cached.forward_features(first, taps)
-        cached.forward_features(then, taps)

@@ -20,7 +20,6 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
@@ -181,10 +180,10 @@ def describe_record(record: dict) -> str:
     )
 
 
-def measure(load: Callable[[str], Loaded]) -> dict:
-    """Every format's agreement, NLL and one-token forward time, and the choice (the record)."""
+def measure(loaded: dict[str, Loaded]) -> dict:
+    """Every format's agreement, NLL and one-token forward time (`loaded`: the model in each of
+    FORMATS), and the choice (the record)."""
     started, load_avg = time.time(), load_average()
-    loaded = {fmt: load(fmt) for fmt in FORMATS}
     prompts = held_out_prompts()
     scores = quality(loaded[FP32], {f: m for f, m in loaded.items() if f != FP32}, prompts)
     ids = encode(loaded[FP32], prompts[0])
@@ -223,24 +222,20 @@ def measure(load: Callable[[str], Loaded]) -> dict:
     }
 
 
-def chosen_format(name: str, load: Callable[[str], Loaded]) -> str:
-    """The format `auto` means for model `name` here: cached, else measured now (`load(fmt)` gives
-    the model in a format) and cached. Says which it chose."""
-    path = record_path(name, load(FP32).model)
-    record = read_record(path)
-    if record is None or not still_good(record, time.time()):
-        log.warning("measuring %s's weight formats on this machine once (agreement and speed, ~1 min)", name)
-        record = measure(load)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # whole or absent for a reader
-            tmp.write_text(json.dumps(record, indent=1))
-            os.replace(tmp, path)
-        except OSError as e:
-            log.warning("could not cache the weight format choice in %s: %s", path, e)
-    log.info("weights auto for %s: %s", name, describe_record(record))
-    NOTES[name] = describe_record(record)
-    return record["chosen"]
+def cached_record(name: str, model: torch.nn.Module) -> dict | None:
+    """The choice measured for model `name` (its fp32 `model`) on this machine, unless stale."""
+    record = read_record(record_path(name, model))
+    return record if record is not None and still_good(record, time.time()) else None
 
 
-NOTES: dict[str, str] = {}  # model name → what auto chose for it in this process, and why (for the trace)
+def save_record(name: str, model: torch.nn.Module, record: dict) -> None:
+    """Cache a measured choice (whole or absent for a reader); a cache that cannot be written only
+    means measuring again next time."""
+    path = record_path(name, model)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("could not cache the weight format choice in %s: %s", path, e)

@@ -5,7 +5,7 @@
 
 from pathlib import Path
 
-from mtp_viz.models import quiet_transformers
+from mtp_viz.loading import quiet_transformers
 from mtp_viz.prompts import CODE_EDIT_PROMPT, spec_bench_prompt
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings

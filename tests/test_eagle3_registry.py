@@ -8,11 +8,11 @@ import torch
 from conftest import save_tiny_dir
 from safetensors.torch import load_file
 
-from mtp_viz import eagle3_models, models
+from mtp_viz import loading
 from mtp_viz.drafters.eagle3 import Eagle3Config, Eagle3Drafter, save_eagle3
-from mtp_viz.eagle3_models import load_eagle3_for
 from mtp_viz.errors import UnknownModelError, UserError
-from mtp_viz.models import load_model
+from mtp_viz.loading import eagle3 as eagle3_models
+from mtp_viz.loading import load_eagle3_for, load_model
 from mtp_viz.registry import DEFAULT_REGISTRY, _load, parse_registry
 
 TARGET_LAYERS = 2  # conftest's llama-2l: hidden 32, 4 heads, 2 kv heads
@@ -72,9 +72,9 @@ def target(tiny_root, monkeypatch):
     """Model "t" of this file's registry. The loader caches by name and other files' registries name
     a model "t" too (test_mask_mtp), so the cache is emptied before and after, whatever ran first."""
     monkeypatch.setenv("MTP_VIZ_MODELS", str(tiny_root / "models.yaml"))
-    models._load_cached.cache_clear()
+    loading.forget()
     yield load_model("t", "cpu", "float32")
-    models._load_cached.cache_clear()
+    loading.forget()
 
 
 def test_the_registry_reads_eagle3_entries_and_resolves_paths(tiny_root):

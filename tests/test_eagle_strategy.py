@@ -208,7 +208,7 @@ def test_the_tree_never_drafts_past_the_token_budget(budget):
 
 
 def test_the_runner_loads_the_targets_drafter_and_records_it(use_tiny_registry, monkeypatch):
-    import mtp_viz.runner as runner
+    from mtp_viz.loading import drafters
     from mtp_viz.runner import RunRequest, run
     from mtp_viz.theory import measured_point
     from mtp_viz.viz.tokens import step_detail_html
@@ -219,7 +219,7 @@ def test_the_runner_loads_the_targets_drafter_and_records_it(use_tiny_registry, 
         asked.append((target.name, eagle3))
         return "tiny-eagle3", tiny_drafter(target.model, seed=1, draft_vocab_size=target.model.config.vocab_size // 2)
 
-    monkeypatch.setattr(runner, "load_eagle3_for", load_eagle3_for)
+    monkeypatch.setattr(drafters, "load_eagle3_for", load_eagle3_for)
     generation = GenerationSettings(max_new_tokens=12)
     base = RunRequest(prompt="the cat sat", model="tiny", generation=generation)
     reference = run(base)

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtp_viz import models, paths
+from mtp_viz import loading, paths
 from mtp_viz.detok import TextTracker
-from mtp_viz.models import encode_prompt, load_model
+from mtp_viz.loading import encode_prompt, load_model, sources
 from mtp_viz.peers import HF_GENERATE, run_peer
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
@@ -103,20 +103,20 @@ def test_token_texts_concatenate_to_the_decoded_text(smol, text):
 def test_gguf_is_converted_once_then_loaded_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    models.hub_reachable.cache_clear()
-    models._load_cached.cache_clear()
+    sources.hub_reachable.cache_clear()
+    loading.forget()
     try:
         first = load_model(MODEL)
         assert first.source.startswith("gguf_wheel:")
         assert (tmp_path / MODEL / "model.safetensors").is_file()
-        models._load_cached.cache_clear()
+        loading.forget()
         second = load_model(MODEL)
         assert second.source.startswith("cache:")
         for (k, a), b in zip(first.model.state_dict().items(), second.model.state_dict().values(), strict=True):
             assert torch.equal(a, b), k
     finally:
-        models.hub_reachable.cache_clear()
-        models._load_cached.cache_clear()
+        sources.hub_reachable.cache_clear()
+        loading.forget()
 
 
 def test_an_unreachable_hub_does_not_hang(monkeypatch):
@@ -128,10 +128,10 @@ def test_an_unreachable_hub_does_not_hang(monkeypatch):
         raise TimeoutError("timed out")
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(models.socket, "create_connection", connect)
-    models.hub_reachable.cache_clear()
+    monkeypatch.setattr(sources.socket, "create_connection", connect)
+    sources.hub_reachable.cache_clear()
     try:
-        assert models.hub_reachable() is False
-        assert asked == [models.HUB_TIMEOUT_S] and 0 < models.HUB_TIMEOUT_S <= 5
+        assert sources.hub_reachable() is False
+        assert asked == [sources.HUB_TIMEOUT_S] and 0 < sources.HUB_TIMEOUT_S <= 5
     finally:
-        models.hub_reachable.cache_clear()
+        sources.hub_reachable.cache_clear()

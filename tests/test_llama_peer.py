@@ -29,8 +29,8 @@ from mtp_viz.llama_peers import (
     shipped_gguf,
     unavailable,
 )
+from mtp_viz.loading import encode_prompt, load_model
 from mtp_viz.machine import describe
-from mtp_viz.models import encode_prompt, load_model
 from mtp_viz.prompts import BenchPrompt
 from mtp_viz.quality import first_divergence
 from mtp_viz.runner import RunRequest, run

@@ -250,7 +250,7 @@ def test_the_registry_runs_mask_strategies_on_the_registered_adapter(trained, tm
 
 
 def test_a_wrong_mask_token_id_in_the_registry_is_one_clear_error(trained, tmp_path, monkeypatch):
-    from mtp_viz.models import load_model
+    from mtp_viz.loading import load_model
 
     tiny, _, _, out = trained
     registry = {

@@ -75,7 +75,7 @@ def test_a_peer_that_hangs_is_stopped_after_its_timeout(fake_llama, use_tiny_reg
     monkeypatch.setenv("FAKE_LLAMA_MODE", "hang-after:0")
     monkeypatch.setattr(llama_peers, "ANSWER_TIMEOUT_S", 1.0)
     monkeypatch.setattr(llama_peers, "SECONDS_PER_TOKEN", 0.0)
-    from mtp_viz.models import load_model
+    from mtp_viz.loading import load_model
 
     with llama_peers.LlamaCppPeers([LLAMA_CPP_AUTOREGRESSIVE], load_model("tiny"), 1) as peers:
         with pytest.raises(
@@ -121,7 +121,7 @@ def test_a_worker_ends_when_its_parent_is_killed_with_sigkill(tmp_path):
 
 
 def test_the_peer_processes_are_stopped_at_the_end_of_the_block(fake_llama, use_tiny_registry):
-    from mtp_viz.models import load_model
+    from mtp_viz.loading import load_model
 
     with llama_peers.LlamaCppPeers([LLAMA_CPP_AUTOREGRESSIVE, LLAMA_CPP_PROMPT_LOOKUP], load_model("tiny"), 1) as peers:
         for name in peers.names:

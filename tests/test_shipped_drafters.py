@@ -18,8 +18,7 @@ from conftest import decode
 from mtp_viz.drafters import mask
 from mtp_viz.drafters.draft import build_draft, read_spec
 from mtp_viz.drafters.heads import HeadsSpec, build_heads
-from mtp_viz.eagle3_models import load_eagle3_for
-from mtp_viz.models import load_heads_for, load_model
+from mtp_viz.loading import load_eagle3_for, load_heads_for, load_model
 from mtp_viz.prompts import spec_bench
 from mtp_viz.registry import load_registry
 from mtp_viz.runner import RunRequest, run

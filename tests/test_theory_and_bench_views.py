@@ -10,8 +10,8 @@ import torch
 from conftest import tiny_model
 
 from mtp_viz.errors import UserError
+from mtp_viz.loading import early_exit_view
 from mtp_viz.machine import machine_label
-from mtp_viz.models import early_exit_view
 from mtp_viz.profile import exit_agreement, read_profile
 from mtp_viz.theory import measured_point
 from mtp_viz.trace import Trace

@@ -9,7 +9,7 @@ from conftest import save_tiny_dir, tiny_model
 
 from mtp_viz.__main__ import main
 from mtp_viz.drafters.eagle3 import load_eagle3
-from mtp_viz.models import load_model
+from mtp_viz.loading import load_model
 from mtp_viz.training.eagle import EagleTrainConfig, Example, build_drafter, collate, losses, unroll
 
 

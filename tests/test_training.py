@@ -11,7 +11,7 @@ from mtp_viz.__main__ import main
 from mtp_viz.drafters.draft import load_draft
 from mtp_viz.drafters.heads import load_heads
 from mtp_viz.drafters.vocab import ReducedHead, frequent_tokens
-from mtp_viz.models import load_model
+from mtp_viz.loading import load_model
 from mtp_viz.training.loop import LoopConfig, train
 
 

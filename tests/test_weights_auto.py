@@ -32,14 +32,15 @@ def test_a_noisy_comparison_decides_nothing():
 
 
 def test_auto_measures_once_records_why_and_reuses_it(use_tiny_registry, tmp_path, monkeypatch):
-    from mtp_viz.models import load_model, weights_choice
+    from mtp_viz.loading import load_model
     from mtp_viz.runner import RunRequest, run
     from mtp_viz.strategies.base import GenerationSettings
 
     monkeypatch.setenv("MTP_VIZ_CACHE", str(tmp_path))
     monkeypatch.setattr(weights_auto, "PROMPTS", 2)
     monkeypatch.setattr(weights_auto, "NEW_TOKENS", 6)
-    chosen = load_model("tiny", weights="auto").weights
+    loaded = load_model("tiny", weights="auto")
+    chosen = loaded.weights
     [record] = (tmp_path / "weights").glob("auto-*.json")
     data = weights_auto.read_record(record)
     assert data["chosen"] == chosen and set(data["formats"]) == {FP32, BF16, INT8, Q4}
@@ -56,12 +57,12 @@ def test_auto_measures_once_records_why_and_reuses_it(use_tiny_registry, tmp_pat
     monkeypatch.setattr(weights_auto, "measure", fail)
     trace = run(RunRequest(prompt="the cat", model="tiny", weights="auto", generation=GenerationSettings(3)))
     assert trace.settings["weights"] == "auto" and trace.machine["weights"].split()[0] == chosen
-    assert trace.machine["weights_choice"] == weights_choice("tiny") and chosen in trace.machine["weights_choice"]
+    assert trace.machine["weights_choice"] == loaded.weights_why and chosen in trace.machine["weights_choice"]
 
 
 @pytest.mark.parametrize("fmt", [BF16, INT8, Q4])
 def test_quality_of_a_format_against_itself_is_perfect(fmt, use_tiny_registry):
-    from mtp_viz.models import load_model
+    from mtp_viz.loading import load_model
 
     model = load_model("tiny", weights=fmt)
     scores = weights_auto.quality(model, {fmt: model}, ["the cat sat", "def add"], new_tokens=5)

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from mtp_viz.models import load_model
+from mtp_viz.loading import load_model
 from mtp_viz.quality import first_divergence
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings

@@ -7,7 +7,7 @@ import sys
 
 from mtp_viz.cli import bench, export, profile, run, train, tune
 from mtp_viz.errors import UserError
-from mtp_viz.models import quiet_transformers
+from mtp_viz.loading import quiet_transformers
 
 DEBUG_ENV = "MTP_VIZ_DEBUG"
 COMMANDS = (run, bench, profile, tune, train, export)  # each adds its commands, in the order --help lists them

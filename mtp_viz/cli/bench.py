@@ -11,7 +11,7 @@ from mtp_viz.cli.options import add_backend, add_compile, add_weights, given
 from mtp_viz.errors import UserError
 from mtp_viz.llama_peers import INSTALL as LLAMA_CPP_INSTALL
 from mtp_viz.llama_peers import LLAMA_CPP_PEERS
-from mtp_viz.models import load_model
+from mtp_viz.loading import load_model
 from mtp_viz.peers import PEERS
 from mtp_viz.profile import read_batch_profile
 from mtp_viz.runner import RunRequest, settings_of, split_variants

@@ -8,10 +8,9 @@ from pathlib import Path
 
 from mtp_viz.cli.options import add_weights
 from mtp_viz.errors import UserError
-from mtp_viz.models import load_model, resolve_device
+from mtp_viz.loading import load_model, model_name
 from mtp_viz.profile import BATCH_SIZES, exit_agreement, profile
 from mtp_viz.prompts import spec_bench
-from mtp_viz.registry import load_registry
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
 
@@ -43,7 +42,7 @@ def add(sub) -> None:
 def cmd_profile(args: argparse.Namespace) -> None:
     if not 1 <= args.max_k <= 256 or not 1 <= args.repeats <= 100:
         raise UserError("--max-k must be 1..256 and --repeats 1..100")
-    name = args.model or load_registry().default_for(resolve_device(args.device).type)
+    name = model_name(args.model, args.device)
     target = load_model(name, args.device, args.dtype, args.weights)
     draft = load_model(args.draft, args.device, args.dtype, target.weights) if args.draft else None
     if not 0 <= args.exit_prompts <= 50:

@@ -7,9 +7,8 @@ from pathlib import Path
 
 from mtp_viz.cli.options import given
 from mtp_viz.errors import UserError
-from mtp_viz.models import load_model
+from mtp_viz.loading import load_model, model_name
 from mtp_viz.paths import cache_root
-from mtp_viz.registry import load_registry
 from mtp_viz.training.data import MANIFEST, DataConfig, generate
 from mtp_viz.training.draft import DraftTrainConfig, train_draft
 from mtp_viz.training.eagle import EagleTrainConfig, train_eagle
@@ -72,7 +71,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         eagle_cfg = EagleTrainConfig(**given(args, "ttt_steps", reduced_vocab="vocab"), aux_layers=aux_layers(args))
         eagle_loop = replace(eagle_cfg.loop, seed=args.seed, **loop, **given(args, max_steps="steps"))
         eagle_cfg = replace(eagle_cfg, loop=eagle_loop)
-    name = args.model or load_registry().default_for(args.device)
+    name = model_name(args.model, args.device)
     target = load_model(name, args.device, "float32")
     data = args.data or cache_root() / "train" / target.name
     data_flags = given(args, *DATA_OPTIONS)

@@ -10,9 +10,8 @@ from contextlib import contextmanager
 
 from mtp_viz import kernels
 from mtp_viz.errors import UserError
-from mtp_viz.linear_plan import BY_COMMAND, MAX_SPREAD, ROUNDS, describe_record, plan_path, remeasure, tune
-from mtp_viz.models import load_model
-from mtp_viz.registry import load_registry
+from mtp_viz.linear_plan import BY_COMMAND, MAX_SPREAD, ROUNDS, describe_record, plan_path, remeasure
+from mtp_viz.loading import load_model, model_name, retuned
 from mtp_viz.row_plan import PROBED_ROWS, plan_of_record, row_plans, use_row_plans
 from mtp_viz.weights import FORMATS, FP32
 
@@ -37,7 +36,7 @@ def add(sub) -> None:
 def cmd_tune(args: argparse.Namespace) -> None:
     if not MIN_ROUNDS <= args.rounds <= MAX_ROUNDS:
         raise UserError(f"--rounds must be {MIN_ROUNDS}..{MAX_ROUNDS}")
-    name = args.model or load_registry().default_for("cpu")
+    name = model_name(args.model, "cpu")
     with _plan_not_measured_on_load():
         loaded = load_model(name, "cpu", "float32")
     result = remeasure(loaded.model, BY_COMMAND, write=not args.dry_run, rounds=args.rounds)
@@ -50,7 +49,7 @@ def cmd_tune(args: argparse.Namespace) -> None:
         print("dry run: the cached plan is left as it was")
         return
     print(f"cached in {plan_path(loaded.model)}")
-    kernels.use_fast_linears(loaded.model, tune(loaded.model))  # the loaded model runs what later loads will
+    loaded = retuned(loaded, BY_COMMAND)  # the loaded model runs what later loads will
     print(f"row plans: every row of a call of {', '.join(map(str, PROBED_ROWS))} rows against the one-token product")
     for fmt in args.weights:
         model = loaded.model if fmt == FP32 else load_model(name, "cpu", "float32", weights=fmt).model

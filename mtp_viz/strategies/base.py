@@ -21,6 +21,7 @@ from transformers import PreTrainedModel
 
 from mtp_viz.cache import CachedModel
 from mtp_viz.clock import Clock
+from mtp_viz.drafters.kinds import DrafterKind
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.sampling import (
     TreeVerdict,
@@ -144,17 +145,16 @@ class StrategySpec:
     run: Callable[[DecodeContext, Any], Iterator[Step]]
     summary: str
     lossless: bool = True
-    needs_draft: bool = False
-    needs_heads: bool | Callable[[Any, int | None], bool] = False  # or f(settings, mask_token_id)
-    needs_eagle3: bool = False  # an EAGLE-3 drafter for the target
+    # the drafter kinds it drafts with, the first the target has (or f(settings) → kinds)
+    drafter: tuple[DrafterKind, ...] | Callable[[Any], tuple[DrafterKind, ...]] = ()
     lossy_when: Callable[[dict], bool] | None = None  # settings (as in a trace) that make it lossy
-    uses_masks: bool | Callable[[Any], bool] = False  # or f(settings): run on the model's mask-token model
 
-    def masks_wanted(self, settings: Any) -> bool:
-        return self.uses_masks(settings) if callable(self.uses_masks) else self.uses_masks
+    def drafters(self, settings: Any) -> tuple[DrafterKind, ...]:
+        return self.drafter(settings) if callable(self.drafter) else self.drafter
 
-    def heads_needed(self, settings: Any, mask_token_id: int | None) -> bool:
-        return self.needs_heads(settings, mask_token_id) if callable(self.needs_heads) else self.needs_heads
+    @property
+    def needs_draft(self) -> bool:
+        return self.drafter == (DrafterKind.DRAFT_MODEL,)
 
     def is_lossless(self, settings: dict) -> bool:
         """Whether a run with these settings (a trace's `settings`) is lossless."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mtp_viz.cache import node_depths, tree_visibility
+from mtp_viz.drafters.kinds import DrafterKind
 from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, record_tree, verify_tree
 from mtp_viz.strategies.settings import check_settings, setting
 from mtp_viz.trace import DraftToken, Step
@@ -245,4 +246,4 @@ def run(ctx: DecodeContext, settings: EagleSettings) -> Iterator[Step]:
         )
 
 
-SPEC = StrategySpec(NAME, EagleSettings, run, SUMMARY, needs_eagle3=True)
+SPEC = StrategySpec(NAME, EagleSettings, run, SUMMARY, drafter=(DrafterKind.EAGLE3,))

@@ -28,6 +28,7 @@ adapters trained here) leaves them untouched, so no second model is needed.
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from mtp_viz.drafters.kinds import DrafterKind
 from mtp_viz.drafters.mask import MASK_ONLY
 from mtp_viz.errors import UserError
 from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, chain_drafts, draft_tokens, verify_chain
@@ -101,4 +102,4 @@ def run(ctx: DecodeContext, settings: MaskSpecSettings) -> Iterator[Step]:
         guesses = next_guesses
 
 
-SPEC = StrategySpec(NAME, MaskSpecSettings, run, SUMMARY, uses_masks=True)
+SPEC = StrategySpec(NAME, MaskSpecSettings, run, SUMMARY, drafter=(DrafterKind.MASKS,))

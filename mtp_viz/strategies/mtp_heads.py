@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from mtp_viz.cache import node_depths, tree_visibility
+from mtp_viz.drafters.kinds import DrafterKind
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.sampling import probs_from_logits, verify_tree_typical
 from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, record_tree, verify_tree
@@ -154,6 +155,6 @@ SPEC = StrategySpec(
     MTPHeadsSettings,
     run,
     SUMMARY,
-    needs_heads=True,
+    drafter=(DrafterKind.HEADS,),
     lossy_when=lambda settings: settings.get("acceptance") == TYPICAL,
 )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from mtp_viz.cache import CachedModel
+from mtp_viz.drafters.kinds import DrafterKind
 from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, chain_drafts, draft_tokens, verify_chain
 from mtp_viz.strategies.settings import check_settings, setting
 from mtp_viz.trace import VERDICT_ACCEPTED, Step
@@ -107,4 +108,4 @@ def run(ctx: DecodeContext, settings: SpeculativeSettings) -> Iterator[Step]:
         )
 
 
-SPEC = StrategySpec(NAME, SpeculativeSettings, run, SUMMARY, needs_draft=True)
+SPEC = StrategySpec(NAME, SpeculativeSettings, run, SUMMARY, drafter=(DrafterKind.DRAFT_MODEL,))

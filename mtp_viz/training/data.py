@@ -26,7 +26,7 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from mtp_viz.errors import UserError
-from mtp_viz.models import LoadedModel, encode_prompt
+from mtp_viz.loading import LoadedModel, encode_prompt
 from mtp_viz.prompts import spec_bench
 from mtp_viz.sampling import Warp, probs_from_logits
 from mtp_viz.training.prompts import context_prompts, instruction_prompts, math_prompts

