@@ -24,38 +24,15 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from mtp_viz.lean import lean_model
-
-
-def node_depths(parents: list[int]) -> list[int]:
-    """Depth of each tree node (1 for children of the root, parent −1); parents precede children."""
-    depth: list[int] = []
-    for i, parent in enumerate(parents):
-        assert parent < i, "a node's parent must come before it"
-        depth.append(1 if parent < 0 else depth[parent] + 1)
-    return depth
-
-
-def tree_visibility(parents: list[int]) -> torch.Tensor:
-    """(n, n) bool: node i may attend to node j iff j is i or one of its ancestors."""
-    n = len(parents)
-    seen = torch.eye(n, dtype=torch.bool)
-    for i, parent in enumerate(parents):
-        if parent >= 0:
-            seen[i] |= seen[parent]
-    return seen
+from mtp_viz.visibility import causal, causal_after
+from mtp_viz.visibility import node_depths as node_depths  # tests and experiments import these two from here
+from mtp_viz.visibility import tree_visibility as tree_visibility
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
     """(q, kv) bool "may attend" → the (1, 1, q, kv) additive mask attention layers take."""
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
     return mask[None, None].to(device)
-
-
-def causal_after(past: int, n: int) -> torch.Tensor:
-    """(n, past + n) bool: n new tokens see the cached past and the new tokens up to themselves."""
-    allowed = torch.ones(n, past + n, dtype=torch.bool)
-    allowed[:, past:] = torch.ones(n, n, dtype=torch.bool).tril()
-    return allowed
 
 
 ENGINE_ENV = "MTP_VIZ_ENGINE"
@@ -182,7 +159,7 @@ class CachedModel:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed `seq[self.length:]` causally, then `extra` tokens placed at seq's last position +
         `offsets`, each seeing the whole sequence and the extra tokens `visibility` (n, n) allows
-        (a token tree: offsets = depths, visibility = `tree_visibility`). Returns logits (1 + n, V)
+        (a token tree: mtp_viz.visibility's node_depths and tree_visibility). Returns logits (1 + n, V)
         and final hidden states (1 + n, H): a row for seq's last token, then one per extra token.
         With no extra tokens this is a plain forward that also returns the hidden state.
 
@@ -259,7 +236,7 @@ class CachedModel:
         for anchor, tokens in branches:
             n = len(tokens)
             allowed[row : row + n, : anchor + 1] = True
-            allowed[row : row + n, past + row : past + row + n] = torch.ones(n, n, dtype=torch.bool).tril()
+            allowed[row : row + n, past + row : past + row + n] = causal(n)
             row += n
         hidden, _ = self.backend.run(ids, positions, past, allowed)
         self.length = past + total

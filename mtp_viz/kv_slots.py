@@ -10,10 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-
-def causal(n: int) -> torch.Tensor:
-    """(n, n) bool lower triangle."""
-    return torch.ones(n, n, dtype=torch.bool).tril()
+from mtp_viz.visibility import causal as causal  # lean's masks import it from here
+from mtp_viz.visibility import causal_after
 
 
 def visibility(allowed: torch.Tensor | None, rows: int, end: int, width: int, device) -> torch.Tensor | None:
@@ -47,7 +45,7 @@ class RowKeys:
         if allowed is None:
             if not loose:  # causal: row i sees the first start + i + 1 slots
                 return RowKeys(tuple(range(start + 1, start + s + 1)))
-            allowed = torch.ones(s, start + s, dtype=torch.bool).tril(start)
+            allowed = causal_after(start, s)
         rows: list[int | torch.Tensor | None] = []
         for i, seen in enumerate(allowed):
             if i in loose:

@@ -131,6 +131,13 @@ class TreeVerdict:
     draws: dict[int, float]  # node → the uniform draw that judged it (sampling)
 
 
+def chain_as_tree(verdict: Verdict, k: int) -> TreeVerdict:
+    """A chain's verdict (k drafted tokens) as the verdict of the tree whose node i follows node i − 1."""
+    rejected = [verdict.accepted] if verdict.accepted < k else []
+    draws = {i: u for i, u in enumerate(verdict.draws) if u is not None}
+    return TreeVerdict(list(range(verdict.accepted)), verdict.next_token, verdict.next_origin, rejected, draws)
+
+
 def children_of(parents: list[int]) -> dict[int, list[int]]:
     """node (−1: the root) → its children, in order."""
     kids: dict[int, list[int]] = {-1: []}

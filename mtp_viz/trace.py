@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mtp_viz.errors import InvalidTraceError
+from mtp_viz.visibility import node_depths
 
 SCHEMA_VERSION = 4  # 2: token trees (parent −1 = the root); 3: the machine and engine it ran on;
 # 4: what an engine does not report may be null (a drafted token's id, a step's timings)
@@ -80,11 +81,7 @@ class Step:
     def depths(self) -> list[int]:
         """Depth of each drafted token: 1 for the first guess after the last emitted token. In a
         chain, drafted[i] has depth i+1; in a tree, a node's depth is its parent's plus one."""
-        depths: list[int] = []
-        for i, d in enumerate(self.drafted):
-            parent = i - 1 if d.parent is None else d.parent
-            depths.append(1 if parent < 0 else depths[parent] + 1)
-        return depths
+        return node_depths([i - 1 if d.parent is None else d.parent for i, d in enumerate(self.drafted)])
 
 
 def chain_verdicts(drafted: int, accepted: int) -> list[str]:

@@ -8,10 +8,12 @@ from mtp_viz.sampling import (
     Verdict,
     Warp,
     acceptance_probability,
+    chain_as_tree,
     probs_from_logits,
     residual_distribution,
     verify_greedy,
     verify_sampling,
+    verify_tree_greedy,
 )
 
 
@@ -114,3 +116,18 @@ def test_warping_matches_transformers(temperature, top_k, top_p):
 def test_greedy_warp_is_plain_softmax():
     logits = torch.tensor([1.0, 2.0, 3.0])
     torch.testing.assert_close(probs_from_logits(logits, Warp()), torch.softmax(logits, -1))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_chain_verdict_as_a_tree_is_the_tree_rules_verdict_on_the_chain(seed):
+    g = torch.Generator().manual_seed(seed)
+    k = int(torch.randint(0, 5, (), generator=g))
+    argmax = torch.randint(0, 3, (k + 1,), generator=g).tolist()  # 3 tokens: agreements are common
+    draft = torch.randint(0, 3, (k,), generator=g).tolist()
+    parents = list(range(-1, k - 1))
+    assert chain_as_tree(verify_greedy(argmax, draft), k) == verify_tree_greedy(argmax, draft, parents)
+
+
+def test_chain_as_tree_keeps_the_draws_and_the_rejection():
+    tree = chain_as_tree(Verdict(1, 7, "resampled", [0.1, 0.95]), 3)
+    assert (tree.path, tree.rejected, tree.draws, tree.next_token) == ([0], [1], {0: 0.1, 1: 0.95}, 7)

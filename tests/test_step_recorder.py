@@ -2,7 +2,8 @@
 
 import pytest
 
-from mtp_viz.strategies.base import DecodeContext, GenerationSettings, Outcome, StepRecorder
+from mtp_viz.strategies.base import DecodeContext, GenerationSettings, StepRecorder
+from mtp_viz.strategies.decision import Outcome
 from mtp_viz.trace import AUTOREGRESSIVE, EmittedToken
 
 

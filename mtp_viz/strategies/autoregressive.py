@@ -3,7 +3,8 @@
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from mtp_viz.strategies.base import DecodeContext, Outcome, StepRecorder, StrategySpec
+from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec
+from mtp_viz.strategies.decision import Outcome
 from mtp_viz.trace import AUTOREGRESSIVE, EmittedToken, Step
 
 NAME = "autoregressive"

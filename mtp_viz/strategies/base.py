@@ -1,5 +1,5 @@
 """What every strategy shares: generation settings, the decoding context, drafting a token,
-chain and tree verification, and the step recorder.
+chain and tree verification (each returns a decision.Decision), and the step recorder.
 
 A strategy is a generator `run(ctx, settings) -> Iterator[Step]` that yields one Step per target
 forward, as it happens. It knows its algorithm and nothing about the UI. Every loop has one shape:
@@ -8,12 +8,12 @@ forward, as it happens. It knows its algorithm and nothing about the UI. Every l
     while steps.begin():
         ...propose...;  steps.drafted()
         ...verify...;   steps.verified()
-        ...accept, commit...
-        yield steps.step(outcome, drafted=..., input_tokens=..., kv_len=...)
+        ...accept (a Decision), commit...
+        yield steps.step(record(decision), drafted=..., input_tokens=..., kv_len=...)
 """
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -21,11 +21,11 @@ from transformers import PreTrainedModel
 
 from mtp_viz.cache import CachedModel
 from mtp_viz.clock import Clock
-from mtp_viz.drafters.kinds import DrafterKind
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.sampling import (
     TreeVerdict,
     Warp,
+    chain_as_tree,
     probs_from_logits,
     sample,
     verify_greedy,
@@ -33,17 +33,9 @@ from mtp_viz.sampling import (
     verify_tree_greedy,
     verify_tree_sampling,
 )
+from mtp_viz.strategies.decision import Decision, Outcome
 from mtp_viz.strategies.settings import MAX_TEMPERATURE, MAX_TOP_K, check_float, check_int
-from mtp_viz.trace import (
-    ACCEPTED,
-    AUTOREGRESSIVE,
-    VERDICT_ACCEPTED,
-    VERDICT_REJECTED,
-    VERDICT_SKIPPED,
-    DraftToken,
-    EmittedToken,
-    Step,
-)
+from mtp_viz.trace import ACCEPTED, AUTOREGRESSIVE, DraftToken, Step
 
 MAX_NEW_TOKENS_LIMIT = 4096
 
@@ -161,30 +153,12 @@ class StrategySpec:
         return self.lossless and not (self.lossy_when and self.lossy_when(settings))
 
 
-@dataclass
-class Outcome:
-    """A step's result as the trace records it: what was emitted, and per drafted token its
-    verdict, p_target and the uniform draw that decided it."""
-
-    emitted: list[EmittedToken]
-    verdicts: list[str] = field(default_factory=list)
-    target_p: list[float | None] = field(default_factory=list)
-    draws: list[float | None] = field(default_factory=list)
-
-
-@dataclass
-class ChainResult(Outcome):
-    """A verified chain draft, ready to commit."""
-
-    tokens: list[int] = field(default_factory=list)  # what to emit, already clipped at EOS / budget
-
-
 def verify_chain(
     ctx: DecodeContext,
     target_logits: torch.Tensor,
     draft_ids: list[int],
     q_draft: torch.Tensor | None,
-) -> ChainResult:
+) -> Decision:
     """Verify a chain of drafted tokens against the target's logits after each prefix.
 
     target_logits: (k+1, V). q_draft: (k, V) drafter distributions, or None for a deterministic
@@ -201,56 +175,49 @@ def verify_chain(
                 -1, torch.tensor(draft_ids, dtype=torch.long, device=p_target.device)[:, None], 1.0
             )
         verdict = verify_sampling(p_target, q_draft, draft_ids, ctx.generator)
-    tokens = ctx.clip(draft_ids[: verdict.accepted] + [verdict.next_token])
-    kept = min(verdict.accepted, len(tokens))
-    verdicts = [VERDICT_ACCEPTED] * kept + [VERDICT_SKIPPED] * (k - kept)
-    if kept == verdict.accepted < k:
-        verdicts[kept] = VERDICT_REJECTED
-    p_list: list[float | None] = [None] * k
-    p_next = None
-    if p_target is not None:
-        p_list = p_target[torch.arange(k, device=p_target.device), draft_ids].tolist() if k else []
-        p_next = float(p_target[verdict.accepted, verdict.next_token])
-    emitted = [EmittedToken(t, ACCEPTED, p_list[i]) for i, t in enumerate(tokens[:kept])]
-    if len(tokens) > kept:
-        emitted.append(EmittedToken(tokens[kept], verdict.next_origin if k else AUTOREGRESSIVE, p_next))
-    draws = verdict.draws + [None] * (k - len(verdict.draws))
-    return ChainResult(emitted, verdicts, p_list, draws, tokens)
+    decision = decide(ctx, chain_as_tree(verdict, k), p_target, draft_ids, list(range(-1, k - 1)))
+    # cut at an EOS among the accepted tokens, a chain shows no rejection after it
+    return decision if decision.accepted == verdict.accepted else replace(decision, rejected=())
 
 
-def verify_tree(ctx: DecodeContext, logits: torch.Tensor, tokens: list[int], parents: list[int]):
-    """Exact (lossless) verification of a token tree: (TreeVerdict, p_target (1+n, V) or None).
-
-    logits: (1+n, V), the target's at the root then after each node."""
+def verify_tree(ctx: DecodeContext, logits: torch.Tensor, tokens: list[int], parents: list[int]) -> Decision:
+    """Exact (lossless) verification of a token tree. logits: (1+n, V), the target's at the root
+    then after each node."""
     if ctx.warp.greedy:
         p_target = torch.softmax(logits, -1) if ctx.record_probs else None
-        return verify_tree_greedy(logits.argmax(-1).tolist(), tokens, parents), p_target
-    p_target = probs_from_logits(logits, ctx.warp)
-    return verify_tree_sampling(p_target, tokens, parents, ctx.generator), p_target
+        verdict = verify_tree_greedy(logits.argmax(-1).tolist(), tokens, parents)
+    else:
+        p_target = probs_from_logits(logits, ctx.warp)
+        verdict = verify_tree_sampling(p_target, tokens, parents, ctx.generator)
+    return decide(ctx, verdict, p_target, tokens, parents)
 
 
-def record_tree(
-    verdict: TreeVerdict, p_target, tokens: list[int], parents: list[int], emitted_ids: list[int]
-) -> Outcome:
-    """Verdicts, p and draws per node, and the emitted tokens (accepted path, then the target's
-    own token), for a tree verdict whose emission `emitted_ids` may have been cut at EOS/budget."""
-    kept = verdict.path[: len(emitted_ids)]
-    verdicts = [VERDICT_SKIPPED] * len(tokens)
-    for i in verdict.rejected:
-        verdicts[i] = VERDICT_REJECTED
-    for i in kept:
-        verdicts[i] = VERDICT_ACCEPTED
-    target_p: list[float | None] = [None] * len(tokens)
+def decide(
+    ctx: DecodeContext, verdict: TreeVerdict, p_target: torch.Tensor | None, tokens: list[int], parents: list[int]
+) -> Decision:
+    """A tree verdict as the step's decision: the accepted path's tokens, then the target's own,
+    cut at EOS / budget. p_target (1+n, V): the distributions the rule judged with, at the root then
+    after each node (None: not recorded), read for each drafted and committed token's p."""
+    committed = ctx.clip([tokens[i] for i in verdict.path] + [verdict.next_token])
+    path = verdict.path[: len(committed)]
+    own = len(committed) - len(path)  # the target's own token: 1, or 0 when cut before it
+    p_drafted: list[float | None] = [None] * len(tokens)
+    p_own = None
     if p_target is not None and tokens:
         rows = torch.tensor([par + 1 for par in parents], dtype=torch.long, device=p_target.device)
-        target_p = p_target[rows, tokens].tolist()
-    emitted = [EmittedToken(tokens[i], ACCEPTED, target_p[i]) for i in kept]
-    if len(emitted_ids) > len(kept):
-        row = kept[-1] + 1 if kept else 0
-        p_next = None if p_target is None else float(p_target[row, verdict.next_token])
-        emitted.append(EmittedToken(verdict.next_token, verdict.next_origin if tokens else AUTOREGRESSIVE, p_next))
-    draws = [verdict.draws.get(i) for i in range(len(tokens))]
-    return Outcome(emitted, verdicts, target_p, draws)
+        p_drafted = p_target[rows, tokens].tolist()
+    if p_target is not None and own:
+        p_own = float(p_target[path[-1] + 1 if path else 0, verdict.next_token])
+    return Decision(
+        drafted=len(tokens),
+        path=tuple(path),
+        rejected=tuple(verdict.rejected),
+        tokens=tuple(committed),
+        origins=(ACCEPTED,) * len(path) + (verdict.next_origin if tokens else AUTOREGRESSIVE,) * own,
+        p_target=tuple(p_drafted),
+        p_tokens=tuple(p_drafted[i] for i in path) + (p_own,) * own,
+        draws=tuple(verdict.draws.get(i) for i in range(len(tokens))),
+    )
 
 
 def chain_drafts(ids: list[int], source: str, q: list[float | None]) -> list[DraftToken]:

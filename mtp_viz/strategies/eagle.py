@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mtp_viz.cache import node_depths, tree_visibility
-from mtp_viz.drafters.kinds import DrafterKind
-from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, record_tree, verify_tree
+from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, verify_tree
+from mtp_viz.strategies.decision import record
 from mtp_viz.strategies.settings import check_settings, setting
 from mtp_viz.trace import DraftToken, Step
+from mtp_viz.visibility import node_depths, tree_visibility
 
 NAME = "eagle"
 SUMMARY = (
@@ -223,21 +223,19 @@ def run(ctx: DecodeContext, settings: EagleSettings) -> Iterator[Step]:
         logits, features = target.forward_features(seq, taps, tokens, node_depths(tree.parents), visibility)
         steps.verified()
         # accept: the longest root path the target agrees with, then its own token
-        verdict, p_target = verify_tree(ctx, logits, tokens, tree.parents)
-        emitted_ids = ctx.clip([tokens[i] for i in verdict.path] + [verdict.next_token])
+        decision = verify_tree(ctx, logits, tokens, tree.parents)
         # commit: keep the accepted nodes' key/values; the drafter reads the committed rows' features next step
-        ctx.output.extend(emitted_ids)
-        path = verdict.path[: len(emitted_ids) - 1]
+        ctx.output.extend(decision.tokens)
+        path = list(decision.cached_path)
         target.keep(len(seq), path)
         drafting.read(features[list(range(unseen)) + [unseen + i for i in path]])
-        outcome = record_tree(verdict, p_target, tokens, tree.parents, emitted_ids)
         drafted = [
             DraftToken(t, f"eagle_d{d}", q, parent=par)
             for t, q, par, d in zip(tokens, tree.q, tree.parents, node_depths(tree.parents), strict=True)
         ]
         extra = {"tree": tree.rank_paths(), "scores": tree.score, "accepted_path": path, "aux_layers": list(taps)}
         yield steps.step(
-            outcome,
+            record(decision),
             drafted=drafted,
             draft_forwards=drafting.forwards - forwards,
             input_tokens=unseen + len(tokens),

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp_viz.cache import node_depths, tree_visibility
-from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, record_tree, verify_tree
+from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, verify_tree
+from mtp_viz.strategies.decision import record
 from mtp_viz.strategies.settings import check_settings, setting
 from mtp_viz.trace import DraftToken, Step
+from mtp_viz.visibility import node_depths, tree_visibility
 
 NAME = "lookahead"
 SUMMARY = "Jacobi iterations fill an n-gram pool; pool hits are verified in the same forward."
@@ -135,20 +136,18 @@ def run(ctx: DecodeContext, settings: LookaheadSettings) -> Iterator[Step]:
         logits, _ = target.forward_hidden(seq, extra, offsets, seen, loose=tuple(range(len(slots))))
         steps.verified()
         # accept: the longest candidate path the target agrees with (rows: root, then nodes)
-        verdict, p_target = verify_tree(ctx, torch.cat([logits[:1], logits[1 + len(slots) :]]), tokens, parents)
+        decision = verify_tree(ctx, torch.cat([logits[:1], logits[1 + len(slots) :]]), tokens, parents)
         # Jacobi: the last level's outputs are the new level; harvest n-grams; shift the window
         new = logits[[1 + i for i, (lv, _) in enumerate(slots) if lv == n_levels - 1]].argmax(-1).tolist()
         if steps.index >= n_levels - 1:  # by now every level holds Jacobi outputs, not the random start
             harvest(pool, cur, window, new)
         window = [window[1][1:], *window[2:], new]
         # commit: the accepted candidates' key/values stay, the window's go
-        emitted_ids = ctx.clip([tokens[i] for i in verdict.path] + [verdict.next_token])
-        ctx.output.extend(emitted_ids)
-        target.keep(len(seq), [len(slots) + i for i in verdict.path[: len(emitted_ids) - 1]])
-        outcome = record_tree(verdict, p_target, tokens, parents, emitted_ids)
+        ctx.output.extend(decision.tokens)
+        target.keep(len(seq), [len(slots) + i for i in decision.cached_path])
         drafted = [DraftToken(t, o, 1.0, parent=par) for t, o, par in zip(tokens, origins, parents, strict=True)]
         extra = {"window": [list(level) for level in window], "pool_size": len(pool), "hits": len(hits)}
-        yield steps.step(outcome, drafted=drafted, input_tokens=fed, kv_len=target.length, extra=extra)
+        yield steps.step(record(decision), drafted=drafted, input_tokens=fed, kv_len=target.length, extra=extra)
 
 
 SPEC = StrategySpec(NAME, LookaheadSettings, run, SUMMARY)

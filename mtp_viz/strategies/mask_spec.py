@@ -28,12 +28,12 @@ adapters trained here) leaves them untouched, so no second model is needed.
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from mtp_viz.drafters.kinds import DrafterKind
 from mtp_viz.drafters.mask import MASK_ONLY
 from mtp_viz.errors import UserError
 from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, chain_drafts, draft_tokens, verify_chain
+from mtp_viz.strategies.decision import record
 from mtp_viz.strategies.settings import check_settings, setting
-from mtp_viz.trace import BONUS, VERDICT_ACCEPTED, Step
+from mtp_viz.trace import BONUS, Step
 
 NAME = "mask_spec"
 SUMMARY = "Mask tokens draft k−1 guesses; the next forward verifies them while its masks draft the next ones."
@@ -83,22 +83,21 @@ def run(ctx: DecodeContext, settings: MaskSpecSettings) -> Iterator[Step]:
             logits = target.forward(ctx.seq + guesses + block, logits_to_keep=1 + len(guesses) + len(block))
         steps.verified()
         # accept: the longest acceptable prefix of the guesses, then the model's own token
-        result = verify_chain(ctx, logits[: len(guesses) + 1], guesses, q_draft)
+        decision = verify_chain(ctx, logits[: len(guesses) + 1], guesses, q_draft)
         drafted = chain_drafts(guesses, MASK_SOURCE, q)
         # commit: extend the output; the rejected guesses' and the masks' key/values go
-        ctx.output.extend(result.tokens)
+        ctx.output.extend(decision.tokens)
         cropped = list(range(len(ctx.seq) - 1, target.length))
         target.rollback(len(ctx.seq) - 1)
         # draft: from the block that assumed what was committed (chained: only if every guess was)
-        taken = result.verdicts.count(VERDICT_ACCEPTED)  # guesses accepted = the block to read
-        first = len(guesses) + 1 + (taken * len(block) if settings.branches else 0)
-        all_taken = bool(result.emitted) and result.emitted[-1].origin == BONUS or not guesses
+        first = len(guesses) + 1 + (decision.accepted * len(block) if settings.branches else 0)
+        all_taken = decision.origins[-1:] == (BONUS,) or not guesses
         next_guesses, q_draft, q = (
             draft_tokens(ctx, logits[first : first + len(block)]) if settings.branches or all_taken else ([], None, [])
         )
         steps.drafted()
         extra = {"masks": len(anchors) * len(block), "cropped_positions": cropped, "next_guesses": next_guesses}
-        yield steps.step(result, drafted=drafted, input_tokens=fed, kv_len=target.length, extra=extra)
+        yield steps.step(record(decision), drafted=drafted, input_tokens=fed, kv_len=target.length, extra=extra)
         guesses = next_guesses
 
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp_viz.cache import node_depths, tree_visibility
-from mtp_viz.drafters.kinds import DrafterKind
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.sampling import probs_from_logits, verify_tree_typical
-from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, record_tree, verify_tree
+from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, decide, verify_tree
+from mtp_viz.strategies.decision import Decision, record
 from mtp_viz.strategies.settings import check_settings, setting
 from mtp_viz.trace import DraftToken, Step
+from mtp_viz.visibility import node_depths, tree_visibility
 
 NAME = "mtp_heads"
 SUMMARY = "Trained MTP heads guess a chain or tree of next tokens; the target verifies all in one forward."
@@ -105,8 +105,8 @@ def within_budget(paths: list[tuple[int, ...]], budget: int) -> list[tuple[int, 
     return [p for p in paths if len(p) <= budget]
 
 
-def verify(ctx: DecodeContext, logits: torch.Tensor, tokens, parents, settings: MTPHeadsSettings):
-    """(verdict, p_target (1+n, V) or None): logits has a row for the root, then one per node."""
+def verify(ctx: DecodeContext, logits: torch.Tensor, tokens, parents, settings: MTPHeadsSettings) -> Decision:
+    """The step's decision: logits has a row for the root, then one per node."""
     if settings.acceptance != TYPICAL:
         return verify_tree(ctx, logits, tokens, parents)
     # typical: greedy runs judge against the plain softmax, sampled ones against the warped p
@@ -115,7 +115,7 @@ def verify(ctx: DecodeContext, logits: torch.Tensor, tokens, parents, settings: 
     verdict = verify_tree_typical(
         p_target, tokens, parents, settings.typical_epsilon, settings.typical_delta, generator
     )
-    return verdict, p_target
+    return decide(ctx, verdict, p_target, tokens, parents)
 
 
 def run(ctx: DecodeContext, settings: MTPHeadsSettings) -> Iterator[Step]:
@@ -134,20 +134,18 @@ def run(ctx: DecodeContext, settings: MTPHeadsSettings) -> Iterator[Step]:
         logits, hiddens = target.forward_hidden(seq, tokens, node_depths(parents), tree_visibility(parents))
         steps.verified()
         # accept: the longest root path the target agrees with, then its own token
-        verdict, p_target = verify(ctx, logits, tokens, parents, settings)
-        emitted_ids = ctx.clip([tokens[i] for i in verdict.path] + [verdict.next_token])
+        decision = verify(ctx, logits, tokens, parents, settings)
         # commit: keep the accepted nodes' key/values; remember the hidden state behind the last token
-        ctx.output.extend(emitted_ids)
-        target.keep(len(seq), verdict.path[: len(emitted_ids) - 1])
-        row = verdict.path[len(emitted_ids) - 2] + 1 if len(emitted_ids) > 1 else 0
-        hidden = hiddens[row]
-        outcome = record_tree(verdict, p_target, tokens, parents, emitted_ids)
+        ctx.output.extend(decision.tokens)
+        path = decision.cached_path
+        target.keep(len(seq), path)
+        hidden = hiddens[path[-1] + 1 if path else 0]
         drafted = [
             DraftToken(t, f"head_{d}", qi, parent=par)
             for t, qi, par, d in zip(tokens, q, parents, node_depths(parents), strict=True)
         ]
-        extra = {"tree": [list(p) for p in shape], "accepted_path": verdict.path[: len(emitted_ids) - 1]}
-        yield steps.step(outcome, drafted=drafted, input_tokens=fed, kv_len=target.length, extra=extra)
+        extra = {"tree": [list(p) for p in shape], "accepted_path": list(path)}
+        yield steps.step(record(decision), drafted=drafted, input_tokens=fed, kv_len=target.length, extra=extra)
 
 
 SPEC = StrategySpec(

@@ -21,6 +21,7 @@ import numpy as np
 
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, chain_drafts, verify_chain
+from mtp_viz.strategies.decision import record
 from mtp_viz.strategies.settings import check_settings, setting
 from mtp_viz.trace import Step
 
@@ -83,13 +84,13 @@ def run(ctx: DecodeContext, settings: PromptLookupSettings) -> Iterator[Step]:
         logits = target.forward(seq + ids, logits_to_keep=len(ids) + 1)  # (len(ids)+1, V)
         steps.verified()
         # accept: the longest prefix the target agrees with, then its own token
-        result = verify_chain(ctx, logits, ids, None)
+        decision = verify_chain(ctx, logits, ids, None)
         # commit
-        ctx.output.extend(result.tokens)
+        ctx.output.extend(decision.tokens)
         target.rollback(len(ctx.seq) - 1)
         drafted = chain_drafts(ids, NGRAM_SOURCE, [1.0] * len(ids))
         extra = {"ngram_size": n, "match_start": match}
-        yield steps.step(result, drafted=drafted, input_tokens=fed, kv_len=target.length, extra=extra)
+        yield steps.step(record(decision), drafted=drafted, input_tokens=fed, kv_len=target.length, extra=extra)
 
 
 SPEC = StrategySpec(NAME, PromptLookupSettings, run, SUMMARY)

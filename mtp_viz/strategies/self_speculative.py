@@ -16,12 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp_viz.cache import causal_after
 from mtp_viz.errors import UserError
 from mtp_viz.lean import lean_model, supports
 from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, chain_drafts, draft_tokens, verify_chain
+from mtp_viz.strategies.decision import record
 from mtp_viz.strategies.settings import check_settings, setting
 from mtp_viz.trace import Step
+from mtp_viz.visibility import causal_after
 
 NAME = "self_speculative"
 SUMMARY = "The target's first L layers draft (early exit); the remaining layers verify, sharing the KV cache."
@@ -122,14 +123,19 @@ def run(ctx: DecodeContext, settings: SelfSpeculativeSettings) -> Iterator[Step]
             fed = k + 1
         steps.verified()
         # accept: the longest acceptable prefix, then the target's own token
-        result = verify_chain(ctx, logits, ids, q_draft)
+        decision = verify_chain(ctx, logits, ids, q_draft)
         # commit: both stacks keep the accepted tokens' key/values
-        ctx.output.extend(result.tokens)
+        ctx.output.extend(decision.tokens)
         model.crop(len(ctx.seq) - 1)
         drafted = chain_drafts(ids, EXIT_SOURCE, q)
         extra = {"draft_len": len(ids), "exit_layer": settings.exit_layer}
         yield steps.step(
-            result, drafted=drafted, draft_forwards=len(ids), input_tokens=fed, kv_len=model.upper_len, extra=extra
+            record(decision),
+            drafted=drafted,
+            draft_forwards=len(ids),
+            input_tokens=fed,
+            kv_len=model.upper_len,
+            extra=extra,
         )
 
 

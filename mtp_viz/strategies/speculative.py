@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import torch
 
 from mtp_viz.cache import CachedModel
-from mtp_viz.drafters.kinds import DrafterKind
 from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, chain_drafts, draft_tokens, verify_chain
+from mtp_viz.strategies.decision import Decision, record
 from mtp_viz.strategies.settings import check_settings, setting
-from mtp_viz.trace import VERDICT_ACCEPTED, Step
+from mtp_viz.trace import Step
 
 NAME = "speculative"
 SUMMARY = "A small draft model proposes k tokens; the target verifies them in one forward."
@@ -48,11 +48,11 @@ class SpeculativeSettings:
         check_settings(self)
 
 
-def next_length(settings: SpeculativeSettings, k: int, drafted: int, accepted: int) -> int:
+def next_length(settings: SpeculativeSettings, k: int, decision: Decision) -> int:
     """The heuristic schedule: +2 after a fully accepted block, −1 otherwise; others keep k."""
-    if settings.schedule != HEURISTIC or drafted == 0:
+    if settings.schedule != HEURISTIC or decision.drafted == 0:
         return k
-    return min(MAX_DRAFT_TOKENS, k + 2) if accepted == drafted else max(1, k - 1)
+    return min(MAX_DRAFT_TOKENS, k + 2) if decision.accepted == decision.drafted else max(1, k - 1)
 
 
 def propose(
@@ -95,16 +95,21 @@ def run(ctx: DecodeContext, settings: SpeculativeSettings) -> Iterator[Step]:
         logits = target.forward(ctx.seq + ids, logits_to_keep=k + 1)  # (k+1, V)
         steps.verified()
         # accept: keep the longest acceptable prefix, then the target's own token
-        result = verify_chain(ctx, logits, ids, q_draft)
-        length = next_length(settings, length, k, result.verdicts.count(VERDICT_ACCEPTED))
+        decision = verify_chain(ctx, logits, ids, q_draft)
+        length = next_length(settings, length, decision)
         # commit: extend the output, forget the key/values of rejected positions
-        ctx.output.extend(result.tokens)
+        ctx.output.extend(decision.tokens)
         target.rollback(len(ctx.seq) - 1)
         draft.rollback(len(ctx.seq) - 1)
         drafted, forwards = chain_drafts(ids, DRAFT_SOURCE, q), draft.forwards - draft_forwards
         extra = {"draft_len": k}
         yield steps.step(
-            result, drafted=drafted, draft_forwards=forwards, input_tokens=fed, kv_len=target.length, extra=extra
+            record(decision),
+            drafted=drafted,
+            draft_forwards=forwards,
+            input_tokens=fed,
+            kv_len=target.length,
+            extra=extra,
         )
 
 
