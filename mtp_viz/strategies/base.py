@@ -21,6 +21,7 @@ from transformers import PreTrainedModel
 
 from mtp_viz.cache import CachedModel
 from mtp_viz.clock import Clock
+from mtp_viz.drafters.kinds import DrafterKind
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.sampling import (
     TreeVerdict,

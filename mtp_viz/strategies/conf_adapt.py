@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from mtp_viz.cache import CachedModel
+from mtp_viz.drafters.kinds import DrafterKind
 from mtp_viz.errors import UserError
 from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec
 from mtp_viz.strategies.decision import Outcome
@@ -53,6 +54,15 @@ class ConfAdaptSettings:
 
 def uses_heads(settings: ConfAdaptSettings, mask_token_id: int | None) -> bool:
     return settings.predictor == HEADS or (settings.predictor == AUTO and mask_token_id is None)
+
+
+def drafters(settings: ConfAdaptSettings) -> tuple[DrafterKind, ...]:
+    """Heads, mask tokens, or (auto) the model's mask tokens where it has them, else its heads."""
+    return {
+        HEADS: (DrafterKind.HEADS,),
+        MASK_TOKENS: (DrafterKind.MASKS,),
+        AUTO: (DrafterKind.MASKS, DrafterKind.HEADS),
+    }[settings.predictor]
 
 
 def emit_count(confidences: list[float], tau: float, fixed: bool = False) -> int:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mtp_viz.drafters.kinds import DrafterKind
 from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, verify_tree
 from mtp_viz.strategies.decision import record
 from mtp_viz.strategies.settings import check_settings, setting

@@ -28,6 +28,7 @@ adapters trained here) leaves them untouched, so no second model is needed.
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from mtp_viz.drafters.kinds import DrafterKind
 from mtp_viz.drafters.mask import MASK_ONLY
 from mtp_viz.errors import UserError
 from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, chain_drafts, draft_tokens, verify_chain

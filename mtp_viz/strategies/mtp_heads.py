@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mtp_viz.drafters.kinds import DrafterKind
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.sampling import probs_from_logits, verify_tree_typical
 from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, decide, verify_tree

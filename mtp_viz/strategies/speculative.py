@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from mtp_viz.cache import CachedModel
+from mtp_viz.drafters.kinds import DrafterKind
 from mtp_viz.strategies.base import DecodeContext, StepRecorder, StrategySpec, chain_drafts, draft_tokens, verify_chain
 from mtp_viz.strategies.decision import Decision, record
 from mtp_viz.strategies.settings import check_settings, setting
