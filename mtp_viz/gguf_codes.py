@@ -2,7 +2,7 @@
 
 The embedded model ships as a Q4_1 GGUF: each 20-byte block holds d (float16), m (float16) and
 16 bytes of codes (low nibbles: weights 0..15 of the block, high nibbles: 16..31), w = q·d + m.
-transformers dequantizes it into the float32 model we run (mtp_viz.models.convert_gguf); the
+transformers dequantizes it into the float32 model we run (mtp_viz.loading.sources.convert_gguf); the
 codes read here are the same matrices before that, matched to the model's modules by gguf's own
 tensor-name map, with the row order transformers gives q_proj and k_proj (llama.cpp's converter
 permutes their rows for its rotary layout; transformers' loader reverses that, so do we).

@@ -14,22 +14,18 @@ again. Lossless here: a format whose products no row plan makes row-invariant on
 with what agreement, speed and row plans.
 """
 
-import hashlib
-import json
 import logging
-import os
 import statistics
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
+from mtp_viz import measured
 from mtp_viz.cache import CachedModel
-from mtp_viz.linear_plan import MAX_SPREAD, RETRIES, load_average, spread, still_good
-from mtp_viz.machine import machine_info, machine_key
-from mtp_viz.paths import cache_root
+from mtp_viz.linear_plan import MAX_SPREAD, RETRIES, spread
+from mtp_viz.machine import machine_info
 from mtp_viz.prompts import spec_bench
 from mtp_viz.row_plan import describe as describe_rows
 from mtp_viz.row_plan import not_lossless
@@ -45,7 +41,7 @@ FORWARDS = 8  # one-token forwards per format per round
 RECORD_VERSION = 3  # 1 scored 8 prompts × 32 tokens; 2 did not say which formats are lossless here
 
 
-class Loaded(Protocol):  # mtp_viz.models.LoadedModel, as far as this module reads it
+class Loaded(Protocol):  # mtp_viz.loading.LoadedModel, as far as this module reads it
     model: torch.nn.Module
     tokenizer: object
     chat: bool
@@ -148,17 +144,11 @@ def record_path(name: str, model: torch.nn.Module) -> Path:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     shapes = sorted((n, tuple(p.shape)) for n, p in model.named_parameters())
     config = model.config.to_json_string() if hasattr(model, "config") else ""
-    fingerprint = hashlib.sha256(f"{config}{shapes}".encode()).hexdigest()[:10]
-    return cache_root() / "weights" / f"auto-{machine_key()}-{safe}-{fingerprint}.json"
+    return measured.record_path("weights", safe, measured.fingerprint(f"{config}{shapes}"), prefix="auto-")
 
 
 def read_record(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-        datetime.fromisoformat(data["measured_at"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return data if data.get("version") == RECORD_VERSION and data.get("chosen") in FORMATS else None
+    return measured.read(path, RECORD_VERSION, check=lambda r: r.get("chosen") in FORMATS)
 
 
 def describe_record(record: dict) -> str:
@@ -183,7 +173,7 @@ def describe_record(record: dict) -> str:
 def measure(loaded: dict[str, Loaded]) -> dict:
     """Every format's agreement, NLL and one-token forward time (`loaded`: the model in each of
     FORMATS), and the choice (the record)."""
-    started, load_avg = time.time(), load_average()
+    started, load_avg = time.time(), measured.load_average()
     prompts = held_out_prompts()
     scores = quality(loaded[FP32], {f: m for f, m in loaded.items() if f != FP32}, prompts)
     ids = encode(loaded[FP32], prompts[0])
@@ -215,7 +205,7 @@ def measure(loaded: dict[str, Loaded]) -> dict:
         "floor": AGREEMENT_FLOOR,
         "prompts": len(prompts),
         "new_tokens": NEW_TOKENS,
-        "measured_at": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+        "measured_at": measured.stamp(started),
         "load_average": load_avg,
         "machine": machine_info("cpu"),
         "seconds": round(time.time() - started, 1),
@@ -225,17 +215,10 @@ def measure(loaded: dict[str, Loaded]) -> dict:
 def cached_record(name: str, model: torch.nn.Module) -> dict | None:
     """The choice measured for model `name` (its fp32 `model`) on this machine, unless stale."""
     record = read_record(record_path(name, model))
-    return record if record is not None and still_good(record, time.time()) else None
+    return record if record is not None and measured.still_good(record, time.time()) else None
 
 
 def save_record(name: str, model: torch.nn.Module, record: dict) -> None:
     """Cache a measured choice (whole or absent for a reader); a cache that cannot be written only
     means measuring again next time."""
-    path = record_path(name, model)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record, indent=1))
-        os.replace(tmp, path)
-    except OSError as e:
-        log.warning("could not cache the weight format choice in %s: %s", path, e)
+    measured.write(record_path(name, model), record, what="the weight format choice")

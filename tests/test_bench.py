@@ -8,7 +8,7 @@ import pytest
 from mtp_viz.__main__ import main
 from mtp_viz.bench import load_suite
 from mtp_viz.errors import UserError
-from mtp_viz.runner import parse_variant, split_variants
+from mtp_viz.strategies.variants import parse_variant, split_variants
 
 
 def test_suite_selection():

@@ -12,7 +12,7 @@ from mtp_viz import profile
 from mtp_viz.__main__ import main
 from mtp_viz.deploy import DEPLOY_CONTEXT, concurrency_curves, cost_of, deploy_table, kv_cache_bytes
 from mtp_viz.errors import InvalidSettingsError
-from mtp_viz.models import load_model
+from mtp_viz.loading import load_model
 from mtp_viz.profile import batch_profile
 from mtp_viz.theory import break_even, concurrency_speedup, interpolated
 from mtp_viz.viz import figures

@@ -103,7 +103,7 @@ def test_a_fast_linear_is_made_of_the_linear_it_replaces():
 
 
 def test_registry_models_use_it_on_a_cpu_in_float32_only(use_tiny_registry):
-    from mtp_viz.models import load_model
+    from mtp_viz.loading import load_model
 
     linears = [m for m in load_model("tiny", "cpu", "float32").model.modules() if isinstance(m, nn.Linear)]
     assert linears and all(type(m) is FastLinear for m in linears)

@@ -212,7 +212,7 @@ def test_peers_run_the_plain_model_and_put_our_linears_back(use_tiny_registry):
     from torch import nn
 
     from mtp_viz.kernels import FastLinear, stock_linears
-    from mtp_viz.models import load_model
+    from mtp_viz.loading import load_model
 
     model = load_model("tiny").model
     fast = [m for m in model.modules() if type(m) is FastLinear]
@@ -229,7 +229,7 @@ def test_peers_run_the_plain_model_and_put_our_linears_back(use_tiny_registry):
 
 @pytest.mark.slow
 def test_transformers_static_compile_peer_decodes_the_same_tokens(use_tiny_registry):
-    from mtp_viz.models import encode_prompt, load_model
+    from mtp_viz.loading import encode_prompt, load_model
     from mtp_viz.peers import HF_GENERATE, HF_STATIC_COMPILE, run_peer
 
     loaded = load_model("tiny")

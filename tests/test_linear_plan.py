@@ -299,7 +299,7 @@ def scripted_measure(weights, rows, rounds, stopped=None):
 
 
 def test_the_tune_command_prints_the_table_and_caches_unless_a_dry_run(cache, use_tiny_registry, monkeypatch, capsys):
-    from mtp_viz.models import load_model
+    from mtp_viz.loading import load_model
 
     monkeypatch.setattr(linear_plan, "measure", scripted_measure)
     assert main(["tune", "--model", "tiny", "--dry-run"]) == 0
@@ -323,7 +323,7 @@ def test_the_tune_command_prints_the_table_and_caches_unless_a_dry_run(cache, us
 
 
 def test_the_app_measures_again_and_switches_the_loaded_model(cache, use_tiny_registry, monkeypatch):
-    from mtp_viz.models import load_model
+    from mtp_viz.loading import load_model
     from mtp_viz.ui.measure import remeasure_linear_plan
     from mtp_viz.ui.theory_tab import plans_note
 

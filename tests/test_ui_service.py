@@ -315,7 +315,7 @@ def test_deploy_costs_come_from_the_loaded_models(use_tiny_registry):
     """A draft model costs its own parameters and its KV cache at the run's length; prompt lookup
     and autoregressive decoding cost nothing extra; the /compare metrics rows carry both figures."""
     from mtp_viz.deploy import deploy_costs, kv_cache_bytes
-    from mtp_viz.models import load_model
+    from mtp_viz.loading import load_model
     from mtp_viz.ui.app import api_compare
 
     traces = [

@@ -247,7 +247,7 @@ def test_a_copy_shares_the_codes_and_remakes_the_kernel_form():
 
 
 def test_engine_records_the_format(use_tiny_registry):
-    from mtp_viz.models import load_model
+    from mtp_viz.loading import load_model
     from mtp_viz.runner import RunRequest, run
 
     trace = run(RunRequest(prompt="the cat", model="tiny", weights=INT8, generation=GenerationSettings(4)))

@@ -14,12 +14,13 @@ from mtp_viz.llama_peers import LLAMA_CPP_PEERS
 from mtp_viz.loading import load_model
 from mtp_viz.peers import PEERS
 from mtp_viz.profile import read_batch_profile
-from mtp_viz.runner import RunRequest, settings_of, split_variants
+from mtp_viz.runner import RunRequest
 from mtp_viz.serving.backend import BACKEND_VLLM
 from mtp_viz.serving.engines import compare_engines
 from mtp_viz.serving.peers import VLLM_PEERS
 from mtp_viz.serving.sweep import CONCURRENCY, LEVEL_DONE, sweep
 from mtp_viz.strategies.base import GenerationSettings
+from mtp_viz.strategies.variants import settings_of, split_variants
 
 
 def add(sub) -> None:

@@ -10,10 +10,11 @@ from mtp_viz.cli.options import add_backend, add_compile, add_weights, given
 from mtp_viz.errors import UserError
 from mtp_viz.machine import describe
 from mtp_viz.quality import check_distribution
-from mtp_viz.runner import RunRequest, parse_variant, run
+from mtp_viz.runner import RunRequest, run
 from mtp_viz.serving.backend import BACKEND_VLLM, run_vllm
 from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.base import GenerationSettings
+from mtp_viz.strategies.variants import parse_variant
 
 
 def add(sub) -> None:

@@ -7,14 +7,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from mtp_viz.errors import UserError
-from mtp_viz.kernels import use_fast_linears
-from mtp_viz.linear_plan import BY_APP, Measurement, Stopped, describe_record, remeasure, tune
-from mtp_viz.loading import load_model, model_name
+from mtp_viz.linear_plan import BY_APP, Measurement, Stopped, describe_record, remeasure
+from mtp_viz.loading import load_model, model_name, retuned
 from mtp_viz.machine import machine_key
 from mtp_viz.paths import cache_root
 from mtp_viz.profile import Cancelled, profile
 from mtp_viz.registry import load_registry
-from mtp_viz.row_plan import plan_rows
 from mtp_viz.ui import jobs
 
 PROFILE_REPEATS = 3  # rounds of the in-app measurement (the CLI's profile takes --repeats)
@@ -78,8 +76,7 @@ def remeasure_linear_plan(model: str | None = None) -> Iterator[str]:
                 result = remeasure(loaded.model, BY_APP, stopped=counted)
             except Stopped:
                 return None
-            use_fast_linears(loaded.model, tune(loaded.model))  # what it cached, unless MTP_VIZ_LINEAR forces one
-            plan_rows(loaded.model, BY_APP)  # the fp32 row plan was probed on the old path: again on this one
+            retuned(loaded, BY_APP)  # what it cached (unless MTP_VIZ_LINEAR forces one), its row plans probed again
             return result
 
     result = yield from jobs.in_background(measure, lambda: f"Timing the linear kernels: round {rounds[0]}…")
