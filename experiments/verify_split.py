@@ -17,10 +17,11 @@ import time
 
 import torch
 
-from mtp_viz.cache import CachedModel, node_depths, tree_visibility
+from mtp_viz.cache import CachedModel
 from mtp_viz.clock import Clock
 from mtp_viz.loading import load_model
 from mtp_viz.strategies.base import DecodeContext, GenerationSettings, verify_tree
+from mtp_viz.visibility import node_depths, tree_visibility
 
 
 def main() -> None:

@@ -25,8 +25,6 @@ from transformers import DynamicCache, PreTrainedModel
 
 from mtp_viz.lean import lean_model
 from mtp_viz.visibility import causal, causal_after
-from mtp_viz.visibility import node_depths as node_depths  # tests and experiments import these two from here
-from mtp_viz.visibility import tree_visibility as tree_visibility
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:

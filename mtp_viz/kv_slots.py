@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp_viz.visibility import causal as causal  # lean's masks import it from here
 from mtp_viz.visibility import causal_after
 
 

@@ -29,8 +29,9 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import PreTrainedModel
 
-from mtp_viz.kv_slots import RowKeys, StaticKV, causal, visibility
+from mtp_viz.kv_slots import RowKeys, StaticKV, visibility
 from mtp_viz.projections import Projections, StaticGate, held_modules, projections
+from mtp_viz.visibility import causal
 
 log = logging.getLogger(__name__)
 

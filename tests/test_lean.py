@@ -7,10 +7,11 @@ from conftest import TINY_CONFIGS, decode, perturbed, tiny_model
 from test_eagle_strategy import ScriptedDrafter
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from mtp_viz.cache import ENGINE_ENV, ENGINES, LEAN, TRANSFORMERS, CachedModel, engine_for, node_depths, tree_visibility
+from mtp_viz.cache import ENGINE_ENV, ENGINES, LEAN, TRANSFORMERS, CachedModel, engine_for
 from mtp_viz.lean import CompileUnavailable, lean_model, supports
 from mtp_viz.projections import FusedLinear
 from mtp_viz.strategies.base import GenerationSettings
+from mtp_viz.visibility import node_depths, tree_visibility
 
 IDS = [5, 17, 3, 42, 9, 17, 3, 8, 9, 10, 11, 12]
 

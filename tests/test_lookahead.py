@@ -4,9 +4,10 @@ positions and attention (checked against plain forwards), and n-gram harvesting.
 import torch
 from conftest import decode, tiny_model
 
-from mtp_viz.cache import CachedModel, node_depths, tree_visibility
+from mtp_viz.cache import CachedModel
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.strategies.lookahead import JACOBI, NGramPool, harvest, trie, window_layout
+from mtp_viz.visibility import node_depths, tree_visibility
 
 
 def test_pool_keeps_the_latest_g_per_key():

@@ -6,12 +6,12 @@ import pytest
 import torch
 from conftest import TINY_CONFIGS, OracleHeads, decode, tiny_model
 
-from mtp_viz.cache import node_depths, tree_visibility
 from mtp_viz.errors import InvalidSettingsError
 from mtp_viz.sampling import verify_greedy, verify_tree_greedy, verify_tree_sampling, verify_tree_typical
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.strategies.mtp_heads import DEFAULT_TREE, LARGE_TREE, MTPHeadsSettings, parse_tree
 from mtp_viz.trace import ACCEPTED, VERDICT_ACCEPTED, VERDICT_REJECTED
+from mtp_viz.visibility import node_depths, tree_visibility
 
 PROMPT = [5, 17, 3, 42, 9, 17, 3]
 TREES = ["chain", DEFAULT_TREE, LARGE_TREE, "0,1,2,3,00,10,20,30,000,100"]
