@@ -24,7 +24,8 @@ LAYERS = (
     ("engine", "cache drafters gguf_codes kv_slots lean projections registry row_plan weights"),
     (
         "foundation",
-        "__init__ child clock detok errors kernels labels linear_plan machine measured paths prompts sampling theory "
+        "__init__ child clock detok errors kernels labels linear_plan machine measured paths prompts sampling schedule "
+        "theory "
         "trace visibility",
     ),
 )
