@@ -41,6 +41,11 @@ class Profile:
     # B → k → time of a forward of B sequences × k tokens / time of B × 1 (transformers' batched forward)
     batch_cost: dict[int, dict[int, float]] | None = None
     batch_one_token_s: dict[int, float] | None = None  # B → time of the B × 1 forward
+    engine: str = "mtp-viz"  # whose forwards: our engine, or a serving engine's steps ("vllm")
+    step_fit: dict[str, float] | None = None  # a serving engine's step: fixed_s + per_sequence_s·B + per_token_s·B·k
+    draft_cost: dict[str, dict[int, float]] | None = None  # strategy → B → a drafted token's drafter cost / T(B, 1)
+    drafters: dict[str, str | None] | None = None  # strategy → the drafter whose cost was measured
+    forced_share: dict[str, float | None] | None = None  # k → share of steps that scored exactly k tokens, as forced
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -196,6 +201,9 @@ MAX_PROFILE_BYTES = 8 * 2**20  # a profile file above this is refused (an upload
 NOT_A_PROFILE = "not a profile: expected the JSON that `python -m mtp_viz profile` writes"
 
 
+DraftCost = float | dict[str, dict[int, float]] | None  # c, or per strategy and B as a serving engine measured it
+
+
 @dataclass(frozen=True)
 class ProfileView:
     """A profile file as the views read it."""
@@ -205,12 +213,21 @@ class ProfileView:
     label: str  # the machine it was measured on
     batch_cost: dict[int, dict[int, float]] | None  # B → k → relative cost, where measured
     c: float | None  # draft / target cost, where a draft was measured
+    engine: str = "mtp-viz"
+    one_token_s: dict[int, float] | None = None  # B → seconds of a B × 1 step
+    draft_cost: dict[str, dict[int, float]] | None = None  # strategy → B → drafted token's cost / T(B, 1)
+
+    def draft_costs(self) -> DraftCost:
+        """What a drafted token costs: per strategy and B where the engine measured it, else c."""
+        return self.draft_cost or self.c
 
 
 def profile_label(machine: dict | None) -> str:
     """ "AMD EPYC, 2 threads" (", q4" where measured in a weight format): how a curve names its machine."""
     if not isinstance(machine, dict) or not machine:
         return "machine not recorded"
+    if machine.get("engine") == "vllm":
+        return f"{machine_label(machine)}, vLLM {machine.get('vllm') or '?'} steps"
     weights = str(machine.get("weights") or "").split(" ")[0]
     return machine_label(machine) + (f", {weights}" if weights else "")
 
@@ -230,6 +247,12 @@ def read_profile(path: str | Path | None) -> ProfileView | None:
             label=profile_label(data.get("machine")),
             batch_cost={int(b): {int(k): float(v) for k, v in row.items()} for b, row in cost.items()} or None,
             c=data.get("c"),
+            engine=str(data.get("engine") or "mtp-viz"),
+            one_token_s={int(b): float(t) for b, t in (data.get("batch_one_token_s") or {}).items()} or None,
+            draft_cost={
+                str(s): {int(b): float(v) for b, v in row.items()} for s, row in (data.get("draft_cost") or {}).items()
+            }
+            or None,
         )
     except UserError:
         raise
@@ -240,7 +263,8 @@ def read_profile(path: str | Path | None) -> ProfileView | None:
     return view
 
 
-def read_batch_profile(path: Path | None) -> tuple[dict[int, dict[int, float]] | None, float | None, str]:
-    """(B → k → relative cost, c, machine label) of a profile; None where it has no B × k timings."""
+def read_batch_profile(path: Path | None) -> tuple[dict[int, dict[int, float]] | None, DraftCost, str]:
+    """(B → k → relative cost, a drafted token's cost (ProfileView.draft_costs), machine label) of a
+    profile; None where it has no B × k timings."""
     view = read_profile(path)
-    return (view.batch_cost, view.c, view.label) if view else (None, None, "no profile")
+    return (view.batch_cost, view.draft_costs(), view.label) if view else (None, None, "no profile")

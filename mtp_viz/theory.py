@@ -94,17 +94,20 @@ def concurrency_speedup(
     tokens_per_forward: float,
     scored_per_forward: float,
     draft_forwards_per_forward: float,
-    c: float,
+    c: float | Mapping[int, float],
     batch_cost: Mapping[int, Mapping[int, float]],
 ) -> dict[int, float]:
     """B → predicted speedup over autoregressive decoding when B users share the device, each
     running the strategy: tokens_per_forward tokens for a forward scoring scored_per_forward tokens
-    per sequence (cost batch_cost[B][k] of a B × 1 forward), plus draft forwards at c each."""
-    if tokens_per_forward <= 0 or scored_per_forward < 1 or c < 0:
+    per sequence (cost batch_cost[B][k] of a B × 1 forward), plus draft forwards at c each (one c,
+    or c per B as a serving engine measured it: B → a drafted token's cost / a B × 1 step)."""
+    per_batch = c if isinstance(c, Mapping) else dict.fromkeys(batch_cost, c)
+    if tokens_per_forward <= 0 or scored_per_forward < 1 or any(v < 0 for v in per_batch.values()):
         raise InvalidSettingsError("need tokens per forward > 0, tokens scored per forward >= 1 and c >= 0")
     return {
-        b: tokens_per_forward / (interpolated(cost, scored_per_forward) + draft_forwards_per_forward * c)
+        b: tokens_per_forward / (interpolated(cost, scored_per_forward) + draft_forwards_per_forward * per_batch[b])
         for b, cost in sorted(batch_cost.items())
+        if b in per_batch
     }
 
 

@@ -205,7 +205,7 @@ def test_serving_sweep_is_drawn_beside_the_prediction_with_its_error(tmp_path):
     _sweep(tmp_path / "sweep", rows)
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps({"batch_cost": {1: {1: 1.0, 2: 1.0}, 8: {1: 1.0, 2: 1.3}}, "c": 0.1, "machine": {}}))
-    fig, table, caption = serving_views(tmp_path / "sweep", profile)
+    fig, table, schedules, caption = serving_views(tmp_path / "sweep", profile)
     lookup = table[table["strategy"] == "prompt_lookup"].set_index("concurrency")
     assert lookup.loc[1, "predicted_speedup"] == pytest.approx(1.3) and lookup.loc[8, "predicted_speedup"] == 1.0
     assert lookup.loc[8, "prediction_error"] == pytest.approx((1.0 - 0.9) / 0.9, abs=1e-3)
@@ -249,3 +249,70 @@ def test_an_eagle_deployment_costs_its_drafter_and_its_one_layer_cache(use_tiny_
     assert cost.extra_models == 1 and cost.extra_params == own
     assert cost.extra_memory_mb == pytest.approx((own * 4 + cache) / 2**20, abs=1e-3)
     assert "EAGLE-3" in cost.training and cost.draft_forwards_per_token == 1.5
+
+
+def _engine_profile(path, batch, draft_cost=None) -> None:
+    data = {"batch_cost": batch, "c": None, "engine": "vllm", "machine": {"cpu": "Engine CPU", "threads": 1}}
+    data["machine"] |= {"engine": "vllm", "vllm": "9.9"}
+    path.write_text(json.dumps(data | {"draft_cost": draft_cost}))
+
+
+def test_the_prediction_uses_the_engines_own_step_curve_and_drafter_cost_per_batch(tmp_path):
+    from mtp_viz.ui.deploy_tab import serving_views
+
+    rows = [("autoregressive", b, 20.0, 1.0, 1.0, 1.0) for b in (1, 8)]
+    rows += [("speculative:num_draft_tokens=1", b, 20.0, sp, 1.25, 2.0) for b, sp in ((1, 0.9), (8, 0.7))]
+    _sweep(tmp_path / "sweep", rows)
+    profile = tmp_path / "profile.json"
+    _engine_profile(profile, {1: {1: 1.0, 2: 1.05}, 8: {1: 1.0, 2: 1.4}}, {"speculative": {1: 0.3, 8: 0.5}})
+    _, table, _, caption = serving_views(tmp_path / "sweep", profile)
+    draft = table[table["strategy"] == "speculative:num_draft_tokens=1"].set_index("concurrency")
+    assert draft.loc[1, "predicted_speedup"] == pytest.approx(1.25 / (1.05 + 0.3), abs=1e-3)
+    assert draft.loc[8, "predicted_speedup"] == pytest.approx(1.25 / (1.4 + 0.5), abs=1e-3)
+    assert draft["engine_c"].isna().all()  # the engine measured its own drafter: nothing to calibrate
+    assert "Engine CPU, 1 threads, vLLM 9.9 steps" in caption and "measured" in caption
+
+
+def test_the_deploy_tab_shows_the_recommended_schedule_and_the_served_one(tmp_path):
+    from mtp_viz.ui.deploy_tab import serving_views
+
+    cheap, linear = {1: 1.0, 2: 1.02, 3: 1.04, 4: 1.06, 6: 1.5, 8: 2.0}, {k: float(k) for k in (1, 2, 3, 4, 6, 8)}
+    served = "prompt_lookup:per_batch=1-7:3,8-32:0"
+    rows = [("autoregressive", b, 20.0, 1.0, 1.0, 1.0) for b in (1, 8, 32)]
+    rows += [("prompt_lookup", b, 20.0, 1.2, 2.85, 4.0) for b in (1, 8, 32)]
+    rows += [
+        (served, b, 20.0, sp, tok, sc)
+        for b, sp, tok, sc in ((1, 1.2, 2.85, 4.0), (8, 1.0, 1.0, 1.0), (32, 1.0, 1.0, 1.0))
+    ]
+    _sweep(tmp_path / "sweep", rows)
+    csv = tmp_path / "sweep" / "serving.csv"
+    table = pd.read_csv(csv).assign(per_position_acceptance=json.dumps([0.8, 0.6, 0.45]))
+    table.to_csv(csv, index=False)
+    meta = json.loads((tmp_path / "sweep" / "summary.json").read_text())
+    meta["schedules"] = {
+        served: {"from": "prompt_lookup", "num_speculative_tokens_per_batch_size": [[1, 7, 3], [8, 32, 0]]}
+    }
+    (tmp_path / "sweep" / "summary.json").write_text(json.dumps(meta))
+    profile = tmp_path / "profile.json"
+    _engine_profile(profile, {b: cheap if b < 8 else linear for b in range(1, 9)} | {32: linear})
+    fig, shown, schedules, _ = serving_views(tmp_path / "sweep", profile)
+    row = schedules.set_index("strategy").loc["prompt_lookup"]
+    assert json.loads(row["num_speculative_tokens_per_batch_size"]) == [[1, 7, 3], [8, 32, 0]]
+    assert row["speculation stops paying from B"] == 8 and row["served in this sweep as"] == served
+    assert f"{served}: measured" in [t.name for t in fig.data] and f"{served}: predicted" in [t.name for t in fig.data]
+    measured = shown[shown["strategy"] == served].set_index("concurrency")
+    assert measured.loc[8, "predicted_speedup"] == 1.0 and measured.loc[1, "predicted_speedup"] > 2.0
+
+
+def test_unverified_strategies_get_the_load_prediction_with_their_quality(use_tiny_registry, tmp_path):
+    from mtp_viz.ui.deploy_tab import lossy_under_load
+
+    results = tmp_path / "summary.csv"
+    _lossy_summary().to_csv(results, index=False)
+    (tmp_path / "summary.json").write_text(json.dumps({"model": "tiny", "machine": {"cpu": "X"}, "rows": []}))
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"batch_cost": BATCH, "c": 0.1, "machine": {"cpu": "Y"}}))
+    table = lossy_under_load(results, profile).set_index("strategy")
+    assert set(table.index) == {"conf_adapt:mode=fixed:k=4", "conf_adapt:tau=0.95"}  # below the floor too
+    assert table.loc["conf_adapt:mode=fixed:k=4", "agreement with autoregressive"] == 0.1
+    assert {f"predicted, {b} users" for b in BATCH} <= set(table.columns)

@@ -13,7 +13,7 @@ from mtp_viz.llama_peers import INSTALL as LLAMA_CPP_INSTALL
 from mtp_viz.llama_peers import LLAMA_CPP_PEERS
 from mtp_viz.loading import load_model
 from mtp_viz.peers import PEERS
-from mtp_viz.profile import read_batch_profile
+from mtp_viz.profile import read_profile
 from mtp_viz.runner import RunRequest
 from mtp_viz.serving.backend import BACKEND_VLLM
 from mtp_viz.serving.engines import compare_engines
@@ -65,6 +65,12 @@ def add(sub) -> None:
         help="vllm backend: a profile with B × k timings; its predicted speedup goes beside the measured one",
     )
     p.add_argument(
+        "--schedule",
+        help="vllm backend: also serve each speculative strategy with a draft length per concurrency: "
+        "`auto` (recommended from --profile and the acceptance its longest fixed variant measured here) "
+        "or a table, e.g. 1-2:3,3-32:0 (batch from-to: draft tokens; vLLM's num_speculative_tokens_per_batch_size)",
+    )
+    p.add_argument(
         "--compare-ours",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -89,8 +95,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
     if args.backend == BACKEND_VLLM:
         return _bench_vllm(args, prompts, strategies, base, settings_for)
-    if args.vllm_url:
-        raise UserError("--vllm-url needs --backend vllm")
+    if args.vllm_url or args.schedule:
+        raise UserError("--vllm-url and --schedule need --backend vllm")
     peers = [p for p in args.peers.split(",") if p]
     bars = []  # opened at the first finished run, so that an error before it prints alone
 
@@ -117,7 +123,7 @@ def _bench_vllm(args, prompts, strategies, base, settings_for) -> None:
         raise UserError(f"--concurrency takes integers separated by commas, got {args.concurrency!r}") from None
     if args.peers:
         raise UserError("--peers run beside our engine; with --backend vllm leave them out")
-    profile = read_batch_profile(args.profile)[:2] if args.profile else None
+    profile = read_profile(args.profile) if args.profile else None
     labels = len(dict.fromkeys([*strategies] if args.vllm_url else ["autoregressive", *strategies]))
     with tqdm(total=labels * len(levels), unit="level") as bar:
 
@@ -125,7 +131,9 @@ def _bench_vllm(args, prompts, strategies, base, settings_for) -> None:
             bar.set_description_str(message[:80])
             bar.update(int(message.startswith(LEVEL_DONE)))
 
-        table = sweep(prompts, strategies, levels, base, args.out, settings_for, args.vllm_url, progress, profile)
+        table = sweep(
+            prompts, strategies, levels, base, args.out, settings_for, args.vllm_url, progress, profile, args.schedule
+        )
     shown = ["strategy", "concurrency", "tokens_per_s", "speedup", "predicted_speedup", "mean_accepted_tokens"]
     shown += ["identical_to_ar", "ttft_s", "itl_s"]
     print(table[shown].to_string(index=False, float_format=lambda x: f"{x:.3f}"))

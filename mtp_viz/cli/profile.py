@@ -6,12 +6,14 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from mtp_viz.cli.options import add_weights
+from mtp_viz.cli.options import add_backend, add_weights, given
 from mtp_viz.errors import UserError
 from mtp_viz.loading import load_model, model_name
 from mtp_viz.profile import BATCH_SIZES, exit_agreement, profile
 from mtp_viz.prompts import spec_bench
 from mtp_viz.runner import RunRequest, run
+from mtp_viz.serving.backend import BACKEND_VLLM
+from mtp_viz.serving.engine_profile import engine_profile
 from mtp_viz.strategies.base import GenerationSettings
 
 
@@ -20,7 +22,7 @@ def add(sub) -> None:
     p.add_argument("--model", help="registry id or local model directory (default: the device's default)")
     p.add_argument("--draft", help="draft model, to measure c")
     p.add_argument("--max-k", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, help="rounds of timings (default: 5 on our engine, 1 on vLLM)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument(
@@ -34,12 +36,21 @@ def add(sub) -> None:
         default=",".join(map(str, BATCH_SIZES)),
         help="concurrent sequences B for the B × k timings behind the Deploy view's load curve (empty: skip)",
     )
+    p.add_argument(
+        "--eagle3", help="vllm backend: also measure this EAGLE-3 drafter's cost per B (default: not measured)"
+    )
     add_weights(p)
+    add_backend(p)
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=cmd_profile)
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
+    if args.backend == BACKEND_VLLM:
+        return _profile_vllm(args)
+    if args.vllm_url or args.eagle3:
+        raise UserError("--vllm-url and --eagle3 need --backend vllm")
+    args.repeats = 5 if args.repeats is None else args.repeats
     if not 1 <= args.max_k <= 256 or not 1 <= args.repeats <= 100:
         raise UserError("--max-k must be 1..256 and --repeats 1..100")
     name = model_name(args.model, args.device)
@@ -47,12 +58,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
     draft = load_model(args.draft, args.device, args.dtype, target.weights) if args.draft else None
     if not 0 <= args.exit_prompts <= 50:
         raise UserError("--exit-prompts must be 0..50")
-    try:
-        sizes = tuple(int(b) for b in args.batch_sizes.split(",") if b.strip())
-    except ValueError:
-        raise UserError(f"--batch-sizes takes integers separated by commas, got {args.batch_sizes!r}") from None
-    if any(not 1 <= b <= 256 for b in sizes):
-        raise UserError("--batch-sizes must be 1..256")
+    sizes = _sizes(args.batch_sizes)
     result = profile(target, draft, max_k=args.max_k, repeats=args.repeats, batch_sizes=sizes)
     if args.exit_prompts:
         answers = _answers(name, args.exit_prompts, args.device, args.dtype)
@@ -69,6 +75,46 @@ def cmd_profile(args: argparse.Namespace) -> None:
     if result.exit_agreement:
         shown = ", ".join(f"{k}: {v:.2f}" for k, v in result.exit_agreement.items())
         print(f"early exit after layer L agrees with the model's next token (L: share): {shown}")
+    print(f"written to {args.out}")
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(b) for b in text.split(",") if b.strip())
+    except ValueError:
+        raise UserError(f"--batch-sizes takes integers separated by commas, got {text!r}") from None
+    if any(not 1 <= b <= 256 for b in sizes):
+        raise UserError("--batch-sizes must be 1..256")
+    return sizes
+
+
+def _profile_vllm(args: argparse.Namespace) -> None:
+    """The serving engine's own B × k step costs (and the drafters' per B), in the same format."""
+    sizes = _sizes(args.batch_sizes)
+    repeats = 1 if args.repeats is None else args.repeats
+    if not sizes or not 1 <= repeats <= 20:
+        raise UserError("profile --backend vllm needs --batch-sizes, and --repeats 1..20")
+    if args.vllm_url:
+        raise UserError("profile --backend vllm starts its own servers (a forced drafter is loaded into them)")
+    base = RunRequest(**given(args, "model", "device", "dtype"))
+    drafters = {}
+    if args.draft:
+        drafters["speculative"] = replace(base, strategy="speculative", draft=args.draft)
+    if args.eagle3:
+        drafters["eagle"] = replace(base, strategy="eagle", eagle3=args.eagle3)
+    result = engine_profile(base, sizes, repeats=repeats, drafters=drafters, progress=print)
+    args.out.write_text(json.dumps(result.as_dict(), indent=1))
+    fit = result.step_fit or {}
+    print(f"{result.model} on vLLM {result.machine.get('vllm')}: one-sequence step {result.one_token_s * 1e3:.1f} ms")
+    print(
+        f"step ≈ {fit.get('fixed_s', 0) * 1e3:.1f} ms fixed + {fit.get('per_sequence_s', 0) * 1e3:.2f} ms per sequence"
+        f" + {fit.get('per_token_s', 0) * 1e3:.2f} ms per sequence token"
+    )
+    for b, row in (result.batch_cost or {}).items():
+        print(f"B = {b}: " + ", ".join(f"k={k}: {v:.2f}" for k, v in row.items()))
+    for strategy, row in (result.draft_cost or {}).items():
+        print(f"{strategy} drafted token / step: " + ", ".join(f"B={b}: {v:.3f}" for b, v in row.items()))
+    print(f"exactly k tokens verified per step (share of steps, by k): {result.forced_share}")
     print(f"written to {args.out}")
 
 

@@ -6,23 +6,35 @@ import math
 
 import pandas as pd
 
+from mtp_viz.profile import DraftCost
 from mtp_viz.theory import concurrency_speedup, interpolated
 
 DRAFTING = ("speculative", "eagle")  # a drafter forward per drafted token: its cost ratio c counts
 
 
-def predicted(row: pd.Series, batch_cost: dict[int, dict[int, float]], c: float | None) -> float:
+def predicted(row: pd.Series, batch_cost: dict[int, dict[int, float]], c: DraftCost) -> float:
     """Our load model's speedup for this row's strategy at its concurrency (mtp_viz.theory), from
-    the tokens per forward vLLM measured at one client, as the Deploy? view predicts it."""
+    the tokens per forward vLLM measured, as the Deploy? view predicts it. With a serving engine's
+    own profile, batch_cost is the engine's step curve and c its drafter's cost per strategy and B."""
     b = int(row["concurrency"])
     if b not in batch_cost or pd.isna(row["mean_accepted_tokens"]):
         return math.nan
     drafting = uses_draft(row["strategy"])  # a draft forward per drafted token
-    if drafting and c is None:
+    cost = draft_cost_at(c, row["strategy"], b) if drafting else 0.0
+    if cost is None:
         return math.nan
     drafts = float(row["scored_per_forward"]) - 1.0 if drafting else 0.0
     tokens, scored = float(row["mean_accepted_tokens"]), float(row["scored_per_forward"])
-    return concurrency_speedup(tokens, scored, drafts, c or 0.0, {b: batch_cost[b]})[b]
+    return concurrency_speedup(tokens, scored, drafts, cost, {b: batch_cost[b]})[b]
+
+
+def draft_cost_at(c: DraftCost, label: str, b: int) -> float | None:
+    """A drafted token's cost for a label's strategy at B: the engine's where it measured it
+    (strategy → B → cost), else the profile's one c; None where unknown."""
+    if isinstance(c, dict):
+        per_batch = c.get(str(label).partition(":")[0])
+        return None if per_batch is None or b not in per_batch else per_batch[b]
+    return c
 
 
 def uses_draft(label: str) -> bool:
@@ -46,16 +58,14 @@ def engine_draft_cost(table: pd.DataFrame, batch_cost: dict[int, dict[int, float
     return costs
 
 
-def with_prediction(
-    table: pd.DataFrame, batch_cost: dict[int, dict[int, float]] | None, c: float | None
-) -> pd.DataFrame:
+def with_prediction(table: pd.DataFrame, batch_cost: dict[int, dict[int, float]] | None, c: DraftCost) -> pd.DataFrame:
     """The sweep's rows with our load model's prediction from a profile (`predicted_speedup`), the
     same with the draft's cost measured on the serving engine at one client (`calibrated_speedup`;
     `engine_c`), and how far off each is ((predicted − measured) / measured); NaN where the
     profile has no timings for that concurrency."""
     table = table.copy()
     batch_cost = batch_cost or {}
-    engine_c = engine_draft_cost(table, batch_cost)
+    engine_c = {} if isinstance(c, dict) else engine_draft_cost(table, batch_cost)  # the engine's own: no need
     table["engine_c"] = table["strategy"].map(engine_c)
     table["predicted_speedup"] = [predicted(row, batch_cost, c) for _, row in table.iterrows()]
     table["calibrated_speedup"] = [

@@ -18,11 +18,14 @@ import pandas as pd
 
 from mtp_viz.errors import UserError
 from mtp_viz.machine import machine_info
+from mtp_viz.profile import ProfileView
 from mtp_viz.prompts import BenchPrompt
 from mtp_viz.runner import RunRequest
-from mtp_viz.serving.backend import open_server, plan, prompt_ids
+from mtp_viz.schedule import crossover, parse_table, to_vllm
+from mtp_viz.serving.backend import VLLMPlan, open_server, plan, prompt_ids
 from mtp_viz.serving.levels import mean_or_nan, measure_level, warm_up_concurrent
 from mtp_viz.serving.prediction import with_prediction
+from mtp_viz.serving.scheduled import AUTO, auto_schedule, draft_length, scheduled_label, scheduled_plan
 from mtp_viz.serving.server import ServerError
 from mtp_viz.strategies.variants import parse_variant
 from mtp_viz.trace import Trace
@@ -65,47 +68,86 @@ def sweep(
     settings_for: Callable[[str], dict] = lambda s: {},
     url: str | None = None,
     progress: Callable[[str], None] | None = None,
-    profile: tuple[dict[int, dict[int, float]], float | None] | None = None,
+    profile: ProfileView | None = None,
+    schedule: str | None = None,
 ) -> pd.DataFrame:
-    """Every strategy at every concurrency on vLLM (autoregressive first, the speedup baseline)."""
+    """Every strategy at every concurrency on vLLM (autoregressive first, the speedup baseline);
+    with a schedule (`auto`: recommended from the profile and the acceptance measured here), each
+    speculative strategy once more, served with it (mtp_viz.serving.scheduled)."""
     if not concurrency or any(not 1 <= c <= MAX_CONCURRENCY for c in concurrency):
         raise UserError(f"--concurrency takes integers 1..{MAX_CONCURRENCY}, separated by commas")
-    if url and len(labels) != 1:
-        raise UserError("a running server (--vllm-url) serves one strategy: give only that one to --strategies")
+    if url and (len(labels) != 1 or schedule):
+        raise UserError("a running server (--vllm-url) serves one strategy: give only that one, and no schedule")
     variants = {label: parse_variant(label) for label in dict.fromkeys(labels if url else [BASELINE, *labels])}
     plans = {
         label: plan(replace(base, strategy=name, strategy_settings={**settings_for(name), **values}))
         for label, (name, values) in variants.items()
     }  # every request checked before any server starts
+    fixed_table = parse_table(schedule) if schedule and schedule != AUTO else None
+    if schedule == AUTO and (profile is None or not profile.batch_cost):
+        raise UserError("--schedule auto needs --profile with B × k timings (profile --backend vllm measures them)")
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     outputs: dict[tuple[str, int], list[list[int]]] = {}
     meta: dict[str, Any] = {"machine": machine_info("cpu"), "prompts": [q.id for q in prompts], "errors": []}
+    state = (prompts, concurrency, out, rows, outputs, meta, profile, progress)
     for label, p in plans.items():
-        ids = [prompt_ids(p, q.text) for q in prompts]
-        texts = [q.text for q in prompts]
-        try:
-            with open_server(p, url, progress) as server:
-                threads = p.served(server).machine["threads"]  # vLLM's CPU worker's, not ours
-                meta.setdefault("vllm", server.version)
-                meta["machine"]["threads"] = threads
-                meta.setdefault("servers", {})[label] = {"args": server.args, "threads": threads}
-                warm_up_concurrent(server, p, ids, max(concurrency))
-                for c in concurrency:
-                    if progress:
-                        progress(f"{label}: {c} concurrent client{'s' * (c > 1)}")
-                    point, order = measure_level(server, p, label, ids, c, texts)
-                    rows.append(point.row())
-                    if progress:
-                        progress(f"{LEVEL_DONE} {label} at {c}: {rows[-1]['tokens_per_s']:.1f} tokens/s")
-                    outputs[(label, c)] = [t.output_token_ids for t in point.traces]
-                    _save_traces(out, label, c, point.traces, [prompts[i].id for i in order])
-                    _write(out, rows, outputs, meta, profile)
-        except (UserError, httpx.HTTPError) as e:  # a server that died, a response that does not fit
-            meta["errors"].append(f"{label}: {e}")
-            _write(out, rows, outputs, meta, profile)
-            raise ServerError(f"{label} stopped: {e} (results so far in {out})") from None
+        _measure(label, p, url, state)
+    for label in longest_per_strategy(plans) if schedule else []:
+        table = fixed_table or auto_schedule(
+            _write(out, rows, outputs, meta, profile), profile, label, draft_length(plans[label]), max(concurrency)
+        )
+        served = scheduled_plan(plans[label], table)
+        name = scheduled_label(label, table)
+        meta.setdefault("schedules", {})[name] = {
+            "from": label,
+            "num_speculative_tokens_per_batch_size": to_vllm(table),
+            "crossover": crossover(table),
+            "served": served is not None,
+        }
+        if served is None and progress:
+            progress(f"{name} never drafts: plain decoding's rows are its measurement")
+        if served is not None:
+            _measure(name, served, url, state)
     return _write(out, rows, outputs, meta, profile)
+
+
+def longest_per_strategy(plans: dict[str, VLLMPlan]) -> list[str]:
+    """Per speculative strategy, its label with the longest draft (what a schedule is built on)."""
+    best: dict[str, str] = {}
+    for label, p in plans.items():
+        name = label.partition(":")[0]
+        if p.speculative_config is not None and (name not in best or draft_length(p) > draft_length(plans[best[name]])):
+            best[name] = label
+    return list(best.values())
+
+
+def _measure(label: str, p: VLLMPlan, url: str | None, state) -> None:
+    """One strategy's server, a warm-up, then every concurrency level; rows written as they come."""
+    prompts, concurrency, out, rows, outputs, meta, profile, progress = state
+    ids = [prompt_ids(p, q.text) for q in prompts]
+    texts = [q.text for q in prompts]
+    try:
+        with open_server(p, url, progress) as server:
+            threads = p.served(server).machine["threads"]  # vLLM's CPU worker's, not ours
+            meta.setdefault("vllm", server.version)
+            meta["machine"]["threads"] = threads
+            meta.setdefault("servers", {})[label] = {"args": server.args, "threads": threads}
+            warm_up_concurrent(server, p, ids, max(concurrency))
+            for c in concurrency:
+                if progress:
+                    progress(f"{label}: {c} concurrent client{'s' * (c > 1)}")
+                point, order = measure_level(server, p, label, ids, c, texts)
+                rows.append(point.row())
+                if progress:
+                    progress(f"{LEVEL_DONE} {label} at {c}: {rows[-1]['tokens_per_s']:.1f} tokens/s")
+                outputs[(label, c)] = [t.output_token_ids for t in point.traces]
+                _save_traces(out, label, c, point.traces, [prompts[i].id for i in order])
+                _write(out, rows, outputs, meta, profile)
+    except (UserError, httpx.HTTPError) as e:  # a server that died, a response that does not fit
+        meta["errors"].append(f"{label}: {e}")
+        _write(out, rows, outputs, meta, profile)
+        raise ServerError(f"{label} stopped: {e} (results so far in {out})") from None
 
 
 def trace_folder(out: Path, label: str, c: int) -> Path:
@@ -133,7 +175,7 @@ def _write(out: Path, rows: list[dict], outputs: dict, meta: dict, profile) -> p
                 [float(a == b) for a, b in zip(mine, outputs[key], strict=True)]
             )
     if profile is not None:
-        table = with_prediction(table, *profile)
+        table = with_prediction(table, profile.batch_cost, profile.draft_costs())
     table.to_csv(out / SERVING_CSV, index=False)
     (out / SUMMARY_JSON).write_text(json.dumps(meta, indent=1))
     return table

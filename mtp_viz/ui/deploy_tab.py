@@ -2,24 +2,37 @@
 to deploy (extra models, parameters, memory, training, forwards per token, from the loaded
 objects), and whether the speedup survives load (predicted from this device's B × k timings)."""
 
+import json
 import tempfile
 from pathlib import Path
 
 import gradio as gr
 import pandas as pd
 
-from mtp_viz.deploy import DEFAULT_QUALITY_FLOOR, DEPLOY_CONTEXT, concurrency_curves, deploy_table, within_floor
+from mtp_viz.deploy import (
+    DEFAULT_QUALITY_FLOOR,
+    DEPLOY_CONTEXT,
+    LOSSLESS,
+    QUALITY,
+    concurrency_curves,
+    deploy_table,
+    quality_class,
+    within_floor,
+)
 from mtp_viz.errors import UserError
 from mtp_viz.labels import is_peer
 from mtp_viz.machine import machine_label
-from mtp_viz.profile import read_batch_profile
+from mtp_viz.profile import read_batch_profile, read_profile
+from mtp_viz.schedule import crossover, to_vllm
 from mtp_viz.serving.prediction import with_prediction
-from mtp_viz.serving.sweep import read_sweep
+from mtp_viz.serving.scheduled import auto_schedule, family, longest_fixed
+from mtp_viz.serving.sweep import BASELINE, read_sweep
 from mtp_viz.theory import CONCURRENCY_ASSUMPTIONS
 from mtp_viz.ui import notes
 from mtp_viz.ui.measure import machine_profile_path
 from mtp_viz.ui.results import (
     example_results,
+    first,
     measured_on,
     read_summary,
     results_model,
@@ -29,6 +42,13 @@ from mtp_viz.ui.results import (
 from mtp_viz.viz import figures
 
 THIS_MACHINE = "this machine (measured in the Theory tab)"
+FIRST_SWEEP = "cpu-smollm2-135m-vllm-schedule"  # the sweep the serving section opens on
+SCHEDULE_NOTE = """**Which draft length at which load?** From the chosen step costs and the acceptance each
+speculative strategy measured at its longest fixed length, the draft length per number of concurrent
+sequences that maximises predicted throughput (0: off), as the table vLLM 0.32 takes in its
+speculative config (`num_speculative_tokens_per_batch_size`: batch from, batch to, draft tokens;
+past the last range vLLM keeps the last length). `bench --backend vllm --schedule auto` serves it and
+measures it beside the fixed lengths and plain decoding (the `per_batch=` rows above)."""
 
 
 def profiles() -> dict[str, Path]:
@@ -47,23 +67,66 @@ SERVING_COLUMNS += ["ttft_s", "itl_s"]
 
 
 def serving_views(sweep: Path | None, profile: Path | None):
-    """(figure, table, caption) of a serving sweep: measured speedup per concurrency beside our
-    load model's prediction from the chosen profile, and the difference."""
+    """(figure, table, schedules, caption) of a serving sweep: measured speedup per concurrency
+    beside our load model's prediction from the chosen profile, the difference, and the schedule
+    the profile recommends for each speculative strategy from the acceptance measured in the sweep."""
     if sweep is None:
-        return figures.serving_curves(pd.DataFrame(columns=SERVING_COLUMNS), "no sweep"), pd.DataFrame(), ""
+        empty = figures.serving_curves(pd.DataFrame(columns=SERVING_COLUMNS), "no sweep")
+        return empty, pd.DataFrame(), pd.DataFrame(), ""
     table, meta = read_sweep(sweep)
-    batch, c, profile_machine = read_batch_profile(profile)
+    view = read_profile(profile)
+    batch, c = (view.batch_cost, view.draft_costs()) if view else (None, None)
     table = with_prediction(table, batch, c)
     machine = f"{machine_label(meta.get('machine', {}))}, vLLM {meta.get('vllm', '?')}"
+    engine = view is not None and view.engine != "mtp-viz"
+    costs = (
+        f"the step costs vLLM itself measured ({view.label}: `profile --backend vllm`), its drafters' cost per B"
+        if engine
+        else f"B × k timings of our engine on {view.label if view else 'no profile'}, the draft's c "
+        + ("unknown" if c is None else f"{c:.3f}")
+        + " (dotted: c measured on vLLM at one client, `engine_c`)"
+    )
     caption = (
         f"Measured with {len(meta.get('prompts', []))} Spec-Bench prompts per concurrency level on {machine} "
-        f"(`python -m mtp_viz bench --backend vllm`); predicted from B × k timings of our engine on "
-        f"{profile_machine} and each strategy's tokens per forward as vLLM measured them (dashed), and the "
-        "same with the draft's cost c measured on vLLM at one client (dotted, `engine_c`; the profile's c "
-        f"is {'unknown' if c is None else f'{c:.3f}'}). error = (predicted − measured) / measured."
+        f"(`python -m mtp_viz bench --backend vllm`); predicted (dashed) from {costs}, and each strategy's "
+        "tokens per step as vLLM measured them. error = (predicted − measured) / measured."
     )
     shown = table[[c for c in SERVING_COLUMNS if c in table]].round(3)
-    return figures.serving_curves(table, machine), shown, caption
+    return figures.serving_curves(table, machine), shown, schedules_view(table, meta, view), caption
+
+
+SCHEDULE_COLUMNS = ["strategy", "acceptance from", "num_speculative_tokens_per_batch_size"]
+SCHEDULE_COLUMNS += ["speculation stops paying from B", "served in this sweep as"]
+
+
+def schedules_view(table: pd.DataFrame, meta: dict, view) -> pd.DataFrame:
+    """Per speculative strategy of a sweep: the schedule the profile recommends from the acceptance
+    its longest fixed variant measured (vLLM's table form), where speculation stops paying, and
+    the label it was served under in this sweep, if it was."""
+    rows = []
+    served = {
+        tuple(map(tuple, s["num_speculative_tokens_per_batch_size"])): label
+        for label, s in meta.get("schedules", {}).items()
+    }
+    for strategy in dict.fromkeys(family(label) for label in table["strategy"]):
+        found = longest_fixed(table, strategy) if strategy != BASELINE else None
+        if found is None or view is None or not view.batch_cost:
+            continue
+        try:
+            recommended = auto_schedule(table, view, found[0], found[1], int(table["concurrency"].max()))
+        except UserError:
+            continue  # no acceptance measured, or no drafter cost in this profile
+        stop = crossover(recommended)
+        rows.append(
+            {
+                "strategy": strategy,
+                "acceptance from": found[0],
+                "num_speculative_tokens_per_batch_size": json.dumps(to_vllm(recommended)),
+                "speculation stops paying from B": "never (up to the last measured)" if stop is None else stop,
+                "served in this sweep as": served.get(recommended, "—"),
+            }
+        )
+    return pd.DataFrame(rows, columns=SCHEDULE_COLUMNS)
 
 
 def views(results: Path | None, profile: Path | None, floor: float = DEFAULT_QUALITY_FLOOR):
@@ -82,6 +145,34 @@ def views(results: Path | None, profile: Path | None, floor: float = DEFAULT_QUA
         "" if batch else "This profile has no B × k timings: `python -m mtp_viz profile` measures them."
     )
     return table, str(csv), figures.concurrency(curves, machine), caption
+
+
+def lossy_under_load(results: Path | None, profile: Path | None) -> pd.DataFrame:
+    """Every unverified (lossy) variant of a results folder, whatever its quality: the speedup our
+    load model predicts for it per number of users from the profile, beside its quality, so a
+    speedup that collapses under load reads off next to what its text is worth."""
+    if results is None:
+        return pd.DataFrame()
+    summary = read_summary(results)
+    batch, c, _ = read_batch_profile(profile)
+    overall = summary[(summary["category"] == "overall") & ~summary["strategy"].map(is_peer)].set_index("strategy")
+    lossy = [str(s) for s, row in overall.iterrows() if quality_class(str(s), row, 0.0) != LOSSLESS]
+    curves = concurrency_curves(summary, lossy, batch, c) if batch else {}
+    rows = []
+    for label, (speedups, below) in curves.items():
+        row = overall.loc[label]
+        rows.append(
+            {"strategy": label, "agreement with autoregressive": row.get(QUALITY), "measured speedup": row["speedup"]}
+            | {f"predicted, {b} users": round(v, 3) for b, v in speedups.items()}
+            | {"below 1x from": below if below else "—"}
+        )
+    return pd.DataFrame(rows)
+
+
+def serving_profiles() -> dict[str, Path]:
+    """Profiles for the serving section: those measured on a serving engine first (its own costs)."""
+    found = profiles()
+    return dict(sorted(found.items(), key=lambda item: read_profile(item[1]).engine == "mtp-viz"))
 
 
 def with_load_figures(examples: dict[str, Path]) -> dict[str, Path]:
@@ -121,19 +212,37 @@ def build_deploy() -> gr.Blocks:
             f"**Does it survive load? Assumptions:** {CONCURRENCY_ASSUMPTIONS}", elem_id="mv-deploy-assumptions"
         )
         curve = gr.Plot(label="Does it survive load?", elem_id="mv-deploy-load")
+        lossy = gr.Dataframe(
+            label="Unverified (lossy) strategies under load: predicted speedup per number of users, beside "
+            "their quality (every lossy variant, whatever the floor)",
+            elem_id="mv-deploy-lossy",
+        )
         gr.Markdown(notes.SERVING)
-        sweeps = serving_sweeps()
-        sweep = gr.Dropdown(list(sweeps), value=next(iter(sweeps), None), label="Measured on a serving engine (vLLM)")
+        sweeps = first(serving_sweeps(), FIRST_SWEEP)
+        engine_profiles = serving_profiles()
+        with gr.Row():
+            sweep = gr.Dropdown(
+                list(sweeps), value=next(iter(sweeps), None), label="Measured on a serving engine (vLLM)"
+            )
+            serving_profile = gr.Dropdown(
+                list(engine_profiles),
+                value=next(iter(engine_profiles), None),
+                label="Step costs for the prediction (a profile; the engine's own first)",
+            )
         serving_caption = gr.Markdown(elem_id="mv-serving-caption")
         serving_curve = gr.Plot(label="Measured under load", elem_id="mv-serving-load")
         serving_table = gr.Dataframe(label="Measured beside predicted, per concurrency", elem_id="mv-serving-table")
+        gr.Markdown(SCHEDULE_NOTE)
+        schedules = gr.Dataframe(label="Recommended schedule, as vLLM takes it", elem_id="mv-serving-schedule")
 
         def show(name, profile_name, quality_floor):
             try:
-                t, path, fig, text = views(examples.get(name), profiles().get(profile_name), quality_floor)
+                chosen, chosen_profile = examples.get(name), profiles().get(profile_name)
+                t, path, fig, text = views(chosen, chosen_profile, quality_floor)
+                unverified = lossy_under_load(chosen, chosen_profile)
             except UserError as e:
                 raise gr.Error(str(e)) from None
-            return t, gr.DownloadButton(value=path), fig, text
+            return t, gr.DownloadButton(value=path), fig, text, unverified
 
         def show_serving(name, profile_name):
             try:
@@ -141,12 +250,12 @@ def build_deploy() -> gr.Blocks:
             except UserError as e:
                 raise gr.Error(str(e)) from None
 
-        outputs = [table, csv, curve, caption]
-        serving_outputs = [serving_curve, serving_table, serving_caption]
+        outputs = [table, csv, curve, caption, lossy]
+        serving_outputs = [serving_curve, serving_table, schedules, serving_caption]
         for trigger in (results, profile, floor):
             trigger.change(show, [results, profile, floor], outputs, api_visibility="private")
-        for trigger in (sweep, profile):
-            trigger.change(show_serving, [sweep, profile], serving_outputs, api_visibility="private")
+        for trigger in (sweep, serving_profile):
+            trigger.change(show_serving, [sweep, serving_profile], serving_outputs, api_visibility="private")
         tab.load(show, [results, profile, floor], outputs, api_visibility="private")
-        tab.load(show_serving, [sweep, profile], serving_outputs, api_visibility="private")
+        tab.load(show_serving, [sweep, serving_profile], serving_outputs, api_visibility="private")
     return tab
