@@ -202,6 +202,7 @@ NOT_A_PROFILE = "not a profile: expected the JSON that `python -m mtp_viz profil
 
 
 DraftCost = float | dict[str, dict[int, float]] | None  # c, or per strategy and B as a serving engine measured it
+Prefill = tuple[float, dict[int, float]]  # (seconds per prompt token in a step, B → seconds of a one-token step)
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,14 @@ class ProfileView:
     engine: str = "mtp-viz"
     one_token_s: dict[int, float] | None = None  # B → seconds of a B × 1 step
     draft_cost: dict[str, dict[int, float]] | None = None  # strategy → B → drafted token's cost / T(B, 1)
+
+    step_fit: dict[str, float] | None = None  # a serving engine's step: fixed + per sequence + per token
+
+    def prefill(self) -> Prefill | None:
+        """What a prompt token costs the engine's step (its per-token cost) and B → a one-token
+        step's seconds, where the engine's steps were fitted; None for our engine's forwards."""
+        fit = self.step_fit or {}
+        return (fit["per_token_s"], self.one_token_s) if fit.get("per_token_s") and self.one_token_s else None
 
     def draft_costs(self) -> DraftCost:
         """What a drafted token costs: per strategy and B where the engine measured it, else c."""
@@ -253,6 +262,7 @@ def read_profile(path: str | Path | None) -> ProfileView | None:
                 str(s): {int(b): float(v) for b, v in row.items()} for s, row in (data.get("draft_cost") or {}).items()
             }
             or None,
+            step_fit={str(k): float(v) for k, v in (data.get("step_fit") or {}).items()} or None,
         )
     except UserError:
         raise

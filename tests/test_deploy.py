@@ -316,3 +316,13 @@ def test_unverified_strategies_get_the_load_prediction_with_their_quality(use_ti
     assert set(table.index) == {"conf_adapt:mode=fixed:k=4", "conf_adapt:tau=0.95"}  # below the floor too
     assert table.loc["conf_adapt:mode=fixed:k=4", "agreement with autoregressive"] == 0.1
     assert {f"predicted, {b} users" for b in BATCH} <= set(table.columns)
+
+
+def test_prefill_dilutes_a_decode_speedup_by_the_engines_cost_of_the_prompts():
+    from mtp_viz.serving.prediction import with_prefill
+
+    row = pd.Series({"concurrency": 8, "requests": 16, "new_tokens": 16 * 48, "prompt_tokens": 100.0})
+    share = 8 * 100 * 0.001 / 0.2  # the 8 prompts' tokens at 1 ms each, in 200 ms one-token steps
+    assert with_prefill(1.5, row, (0.001, {8: 0.2})) == pytest.approx((48 + share) / (48 / 1.5 + share))
+    assert with_prefill(1.0, row, (0.001, {8: 0.2})) == 1.0  # plain decoding stays the baseline
+    assert with_prefill(1.5, row.drop("prompt_tokens"), (0.001, {8: 0.2})) == 1.5  # an older sweep: decode only

@@ -42,6 +42,7 @@ class LoadPoint:
             "concurrency": self.concurrency,
             "requests": len(self.completions),
             "new_tokens": tokens,
+            "prompt_tokens": mean_or_nan([len(c.prompt_token_ids) for c in self.completions]),
             "wall_s": self.wall_s,
             "tokens_per_s": tokens / self.wall_s if self.wall_s > 0 else math.nan,
             "request_tokens_per_s": mean_or_nan(

@@ -6,16 +6,38 @@ import math
 
 import pandas as pd
 
-from mtp_viz.profile import DraftCost
+from mtp_viz.profile import DraftCost, Prefill
 from mtp_viz.theory import concurrency_speedup, interpolated
 
 DRAFTING = ("speculative", "eagle")  # a drafter forward per drafted token: its cost ratio c counts
 
 
-def predicted(row: pd.Series, batch_cost: dict[int, dict[int, float]], c: DraftCost) -> float:
+def predicted(
+    row: pd.Series, batch_cost: dict[int, dict[int, float]], c: DraftCost, prefill: Prefill | None = None
+) -> float:
     """Our load model's speedup for this row's strategy at its concurrency (mtp_viz.theory), from
     the tokens per forward vLLM measured, as the Deploy? view predicts it. With a serving engine's
-    own profile, batch_cost is the engine's step curve and c its drafter's cost per strategy and B."""
+    own profile, batch_cost is the engine's step curve, c its drafter's cost per strategy and B,
+    and `prefill` what the row's prompts add to the work of both sides (with_prefill)."""
+    decode = _decode_speedup(row, batch_cost, c)
+    return with_prefill(decode, row, prefill) if prefill is not None else decode
+
+
+def with_prefill(decode: float, row: pd.Series, prefill: Prefill) -> float:
+    """A decode-only speedup with the prompts' prefill added to both sides: B requests of P prompt
+    tokens add B·P·t (t: the engine's cost of a token in a step) to the N decode steps of a
+    one-token step T(B, 1) each, so speedup = (N + π) / (N / decode + π), π = B·P·t / T(B, 1)."""
+    per_token_s, one_token_s = prefill
+    b = int(row["concurrency"])
+    prompt = row.get("prompt_tokens", math.nan)
+    if math.isnan(decode) or pd.isna(prompt) or b not in one_token_s or not row.get("requests"):
+        return decode
+    n = float(row["new_tokens"]) / float(row["requests"])
+    share = b * float(prompt) * per_token_s / one_token_s[b]
+    return (n + share) / (n / decode + share)
+
+
+def _decode_speedup(row: pd.Series, batch_cost: dict[int, dict[int, float]], c: DraftCost) -> float:
     b = int(row["concurrency"])
     if b not in batch_cost or pd.isna(row["mean_accepted_tokens"]):
         return math.nan
@@ -58,7 +80,9 @@ def engine_draft_cost(table: pd.DataFrame, batch_cost: dict[int, dict[int, float
     return costs
 
 
-def with_prediction(table: pd.DataFrame, batch_cost: dict[int, dict[int, float]] | None, c: DraftCost) -> pd.DataFrame:
+def with_prediction(
+    table: pd.DataFrame, batch_cost: dict[int, dict[int, float]] | None, c: DraftCost, prefill: Prefill | None = None
+) -> pd.DataFrame:
     """The sweep's rows with our load model's prediction from a profile (`predicted_speedup`), the
     same with the draft's cost measured on the serving engine at one client (`calibrated_speedup`;
     `engine_c`), and how far off each is ((predicted − measured) / measured); NaN where the
@@ -67,9 +91,9 @@ def with_prediction(table: pd.DataFrame, batch_cost: dict[int, dict[int, float]]
     batch_cost = batch_cost or {}
     engine_c = {} if isinstance(c, dict) else engine_draft_cost(table, batch_cost)  # the engine's own: no need
     table["engine_c"] = table["strategy"].map(engine_c)
-    table["predicted_speedup"] = [predicted(row, batch_cost, c) for _, row in table.iterrows()]
+    table["predicted_speedup"] = [predicted(row, batch_cost, c, prefill) for _, row in table.iterrows()]
     table["calibrated_speedup"] = [
-        predicted(row, batch_cost, engine_c.get(row["strategy"], c)) for _, row in table.iterrows()
+        predicted(row, batch_cost, engine_c.get(row["strategy"], c), prefill) for _, row in table.iterrows()
     ]
     for column, error in (("predicted_speedup", "prediction_error"), ("calibrated_speedup", "calibrated_error")):
         table[error] = (table[column] - table["speedup"]) / table["speedup"]

@@ -41,6 +41,7 @@ COLUMNS = (
     "concurrency",
     "requests",
     "new_tokens",
+    "prompt_tokens",  # mean per request
     "wall_s",
     "tokens_per_s",  # all clients together
     "request_tokens_per_s",  # mean over requests of one request's tokens / its latency
@@ -175,7 +176,7 @@ def _write(out: Path, rows: list[dict], outputs: dict, meta: dict, profile) -> p
                 [float(a == b) for a, b in zip(mine, outputs[key], strict=True)]
             )
     if profile is not None:
-        table = with_prediction(table, profile.batch_cost, profile.draft_costs())
+        table = with_prediction(table, profile.batch_cost, profile.draft_costs(), profile.prefill())
     table.to_csv(out / SERVING_CSV, index=False)
     (out / SUMMARY_JSON).write_text(json.dumps(meta, indent=1))
     return table

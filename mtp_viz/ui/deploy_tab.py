@@ -76,7 +76,8 @@ def serving_views(sweep: Path | None, profile: Path | None):
     table, meta = read_sweep(sweep)
     view = read_profile(profile)
     batch, c = (view.batch_cost, view.draft_costs()) if view else (None, None)
-    table = with_prediction(table, batch, c)
+    prefill = view.prefill() if view else None
+    table = with_prediction(table, batch, c, prefill)
     machine = f"{machine_label(meta.get('machine', {}))}, vLLM {meta.get('vllm', '?')}"
     engine = view is not None and view.engine != "mtp-viz"
     costs = (
@@ -89,7 +90,9 @@ def serving_views(sweep: Path | None, profile: Path | None):
     caption = (
         f"Measured with {len(meta.get('prompts', []))} Spec-Bench prompts per concurrency level on {machine} "
         f"(`python -m mtp_viz bench --backend vllm`); predicted (dashed) from {costs}, and each strategy's "
-        "tokens per step as vLLM measured them. error = (predicted − measured) / measured."
+        "tokens per step as vLLM measured them"
+        + (", the prompts' prefill added to both sides at the engine's cost of a token" if prefill else "")
+        + ". error = (predicted − measured) / measured."
     )
     shown = table[[c for c in SERVING_COLUMNS if c in table]].round(3)
     return figures.serving_curves(table, machine), shown, schedules_view(table, meta, view), caption
