@@ -43,6 +43,7 @@ from mtp_viz.viz import figures
 
 THIS_MACHINE = "this machine (measured in the Theory tab)"
 FIRST_SWEEP = "cpu-smollm2-135m-vllm-schedule"  # the sweep the serving section opens on
+LOSSY_RESULTS = "cpu-smollm2-135m-mask"  # ConfAdapt's τ sweep and fixed k: the lossy table opens on it
 SCHEDULE_NOTE = """**Which draft length at which load?** From the chosen step costs and the acceptance each
 speculative strategy measured at its longest fixed length, the draft length per number of concurrent
 sequences that maximises predicted throughput (0: off), as the table vLLM 0.32 takes in its
@@ -215,6 +216,10 @@ def build_deploy() -> gr.Blocks:
             f"**Does it survive load? Assumptions:** {CONCURRENCY_ASSUMPTIONS}", elem_id="mv-deploy-assumptions"
         )
         curve = gr.Plot(label="Does it survive load?", elem_id="mv-deploy-load")
+        lossy_examples = first(examples, LOSSY_RESULTS)
+        lossy_results = gr.Dropdown(
+            list(lossy_examples), value=next(iter(lossy_examples), None), label="Unverified strategies from"
+        )
         lossy = gr.Dataframe(
             label="Unverified (lossy) strategies under load: predicted speedup per number of users, beside "
             "their quality (every lossy variant, whatever the floor)",
@@ -240,12 +245,16 @@ def build_deploy() -> gr.Blocks:
 
         def show(name, profile_name, quality_floor):
             try:
-                chosen, chosen_profile = examples.get(name), profiles().get(profile_name)
-                t, path, fig, text = views(chosen, chosen_profile, quality_floor)
-                unverified = lossy_under_load(chosen, chosen_profile)
+                t, path, fig, text = views(examples.get(name), profiles().get(profile_name), quality_floor)
             except UserError as e:
                 raise gr.Error(str(e)) from None
-            return t, gr.DownloadButton(value=path), fig, text, unverified
+            return t, gr.DownloadButton(value=path), fig, text
+
+        def show_lossy(name, profile_name):
+            try:
+                return lossy_under_load(lossy_examples.get(name), profiles().get(profile_name))
+            except UserError as e:
+                raise gr.Error(str(e)) from None
 
         def show_serving(name, profile_name):
             try:
@@ -253,12 +262,15 @@ def build_deploy() -> gr.Blocks:
             except UserError as e:
                 raise gr.Error(str(e)) from None
 
-        outputs = [table, csv, curve, caption, lossy]
+        outputs = [table, csv, curve, caption]
         serving_outputs = [serving_curve, serving_table, schedules, serving_caption]
         for trigger in (results, profile, floor):
             trigger.change(show, [results, profile, floor], outputs, api_visibility="private")
         for trigger in (sweep, serving_profile):
             trigger.change(show_serving, [sweep, serving_profile], serving_outputs, api_visibility="private")
         tab.load(show, [results, profile, floor], outputs, api_visibility="private")
+        for trigger in (lossy_results, profile):
+            trigger.change(show_lossy, [lossy_results, profile], lossy, api_visibility="private")
+        tab.load(show_lossy, [lossy_results, profile], lossy, api_visibility="private")
         tab.load(show_serving, [sweep, serving_profile], serving_outputs, api_visibility="private")
     return tab
