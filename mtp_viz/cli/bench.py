@@ -18,7 +18,7 @@ from mtp_viz.runner import RunRequest
 from mtp_viz.serving.backend import BACKEND_VLLM
 from mtp_viz.serving.engines import compare_engines
 from mtp_viz.serving.peers import VLLM_PEERS
-from mtp_viz.serving.sweep import CONCURRENCY, LEVEL_DONE, sweep
+from mtp_viz.serving.sweep import CONCURRENCY, LEVEL_DONE, read_sweep, sweep
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.strategies.variants import settings_of, split_variants
 
@@ -125,6 +125,8 @@ def _bench_vllm(args, prompts, strategies, base, settings_for) -> None:
         raise UserError("--peers run beside our engine; with --backend vllm leave them out")
     profile = read_profile(args.profile) if args.profile else None
     labels = len(dict.fromkeys([*strategies] if args.vllm_url else ["autoregressive", *strategies]))
+    if args.schedule:  # one scheduled variant per speculative strategy
+        labels += len({s.partition(":")[0] for s in strategies} - {"autoregressive"})
     with tqdm(total=labels * len(levels), unit="level") as bar:
 
         def progress(message: str) -> None:
@@ -137,6 +139,13 @@ def _bench_vllm(args, prompts, strategies, base, settings_for) -> None:
     shown = ["strategy", "concurrency", "tokens_per_s", "speedup", "predicted_speedup", "mean_accepted_tokens"]
     shown += ["identical_to_ar", "ttft_s", "itl_s"]
     print(table[shown].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    for label, schedule in read_sweep(args.out)[1].get("schedules", {}).items():
+        stop = schedule["crossover"]
+        print(
+            f"{label}: num_speculative_tokens_per_batch_size {schedule['num_speculative_tokens_per_batch_size']}; "
+            + (f"speculation off from {stop} sequences" if stop else "speculating at every concurrency")
+            + ("" if schedule["served"] else " (never drafts: not served, plain decoding's rows measure it)")
+        )
     if args.compare_ours:
         engines = compare_engines(prompts, strategies, base, args.out, settings_for)
         print(engines.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
