@@ -190,9 +190,10 @@ def test_sixteen_concurrent_api_users_get_what_they_would_get_alone(served_app, 
 def test_explore_runs_on_vllm_through_the_app_and_draws_the_trace(client, fake_vllm):
     """The Explore tab's engine switch: the run goes to a vLLM server started for it (a stand-in
     here, tests/fake_vllm.py) and its trace is drawn by the same views, which say what vLLM does
-    not report; the server is gone afterwards."""
+    not report; the server is kept for the next run until the app's pool is shut down."""
     from conftest import gone
 
+    from mtp_viz.serving import pool
     from mtp_viz.ui.controls import setting_fields
 
     ui_args = ["the cat", "tiny", "autoregressive", "", 3, 0.0, 0, 1.0, 0, False, "fp32", False, "vllm"]
@@ -200,4 +201,5 @@ def test_explore_runs_on_vllm_through_the_app_and_draws_the_trace(client, fake_v
     outputs = client.predict(*ui_args, api_name="/explore_stream")
     tokens, summary = outputs[0], outputs[1]
     assert "vLLM" in summary and "mv-tok" in tokens
+    pool.shutdown()
     assert gone(json.loads(fake_vllm.read_text()))

@@ -1,6 +1,7 @@
 """The vLLM server's life as mtp-viz runs it: started in its own process group, always stopped
-(normal end, error, Ctrl-C, SIGTERM), a clear error for each way it can fail to start. A stand-in
-server (tests/fake_vllm.py) plays vLLM here; tests/test_vllm_server.py runs the real one."""
+(normal end, error, Ctrl-C, SIGTERM), a clear error for each way it can fail to start; the UI's
+runs keep theirs in a pool (tests/test_vllm_pool.py). A stand-in server (tests/fake_vllm.py)
+plays vLLM here; tests/test_vllm_server.py runs the real one."""
 
 import json
 import os
@@ -141,8 +142,18 @@ def test_strategies_vllm_cannot_run_say_why(use_tiny_registry, capsys):
     assert code == 2 and "cannot run on vLLM: unverified (lossy)" in err
 
 
-def test_the_ui_stream_on_vllm_reports_progress_then_a_trace_and_stops_the_server(
-    fake_vllm, use_tiny_registry, monkeypatch
+@pytest.fixture
+def shared_pool():
+    """The process's pool of kept servers, emptied after the test."""
+    from mtp_viz.serving import pool
+
+    pool.shutdown()
+    yield pool
+    pool.shutdown()
+
+
+def test_the_ui_stream_on_vllm_reports_progress_then_a_trace_and_keeps_the_server(
+    fake_vllm, use_tiny_registry, monkeypatch, shared_pool
 ):
     from mtp_viz.ui import jobs
     from mtp_viz.ui.requests import build_request
@@ -154,10 +165,13 @@ def test_the_ui_stream_on_vllm_reports_progress_then_a_trace_and_stops_the_serve
     assert progress and all(trace_so_far is None and message for message, trace_so_far in progress)
     assert trace.output_token_ids == [5, 6, 7] and trace.machine["engine"] == "vllm"
     assert [len(s.emitted) for s in trace.steps] == [1, 1, 1] and trace.summary["draft_time_s"] is None
-    assert gone(json.loads(fake_vllm.read_text()))
+    pids = json.loads(fake_vllm.read_text())
+    assert not gone(pids, timeout=0.5), "the server should be kept for the next run"
+    shared_pool.shutdown()
+    assert gone(pids)
 
 
-def test_stop_in_the_ui_while_vllm_starts_stops_the_server(fake_vllm, use_tiny_registry, monkeypatch):
+def test_stop_in_the_ui_while_vllm_starts_stops_the_server(fake_vllm, use_tiny_registry, monkeypatch, shared_pool):
     from mtp_viz.ui import jobs
     from mtp_viz.ui.requests import build_request
     from mtp_viz.ui.streaming import stream_vllm
@@ -170,6 +184,7 @@ def test_stop_in_the_ui_while_vllm_starts_stops_the_server(fake_vllm, use_tiny_r
         message, _ = next(updates)
     updates.close()  # what Gradio does on Stop
     assert "vLLM" in message and gone(json.loads(fake_vllm.read_text()))
+    assert not shared_pool.shared().servers(), "a server stopped while starting is not kept"
 
 
 def test_a_server_that_dies_mid_sweep_keeps_the_results_so_far(fake_vllm, use_tiny_registry, monkeypatch, tmp_path):

@@ -23,7 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from mtp_viz.errors import UnknownModelError
+from mtp_viz.errors import UnknownModelError, UserError
 from mtp_viz.loading.spec import LoadSpec
 from mtp_viz.paths import cache_root
 from mtp_viz.registry import ModelEntry, Source, load_registry
@@ -84,6 +84,35 @@ def read(spec: LoadSpec) -> Read:
         return Read(*_from_hub(spec.name, device, dtype), source=f"hub:{spec.name}")
     load_registry().get(spec.name)  # raises UnknownModelError with the list of known ids
     raise AssertionError("unreachable")
+
+
+def locate_tokenizer(spec: LoadSpec) -> tuple[str, PreTrainedTokenizerBase | None]:
+    """Where the spec's weights lie (named as `Read.source` names them) and its tokenizer, the
+    weights left unread: for another engine that loads them itself. A shipped GGUF is converted
+    once, as a load does; a derived model (a draft or view on a base) has no directory of its own."""
+    if spec.base is not None:
+        raise UserError(f"model {spec.name} is derived from {spec.base.name}: it has no model directory of its own")
+    if spec.entry is not None:
+        reasons, where = [], None
+        for s in spec.entry.sources:  # in order, to the first found: a GGUF is converted only when reached
+            where, why = _locate(spec.entry, s)
+            if where is not None:
+                source = f"{s.kind}:{where}"
+                break
+            reasons.append(f"{s.kind}: {why}")
+        if where is None:
+            raise UnknownModelError(f"model {spec.entry.id!r} is in none of its sources ({'; '.join(reasons)})")
+    elif is_model_dir(spec.name):
+        source = where = spec.name
+    elif HUB_ID.fullmatch(spec.name) and hub_reachable():
+        source, where = f"hub:{spec.name}", spec.name
+    else:
+        load_registry().get(spec.name)  # raises UnknownModelError with the list of known ids
+        raise AssertionError("unreachable")
+    if not Path(where).is_dir():
+        return source, AutoTokenizer.from_pretrained(where)
+    has_tokenizer = (Path(where) / "tokenizer.json").is_file() or (Path(where) / "tokenizer_config.json").is_file()
+    return source, AutoTokenizer.from_pretrained(where, local_files_only=True) if has_tokenizer else None
 
 
 def _read_entry(entry: ModelEntry, device: torch.device, dtype: torch.dtype) -> Read:

@@ -1,25 +1,37 @@
 """A RunRequest on vLLM: which server it needs (model, speculation), that server started and
-always stopped (or one the user runs), and one completion per prompt as a Trace.
+always stopped, leased from a pool that keeps it for later runs (mtp_viz.serving.pool), or one
+the user runs; and one completion per prompt as a Trace.
 
 The prompt is tokenised here exactly as our engine does it (chat template included) and sent as
 token ids, so both engines decode the same prompt; the trace's texts come from the same tokenizer.
+The target's weights are never loaded in our process: vLLM loads them from the target's directory,
+and the plan reads only its tokenizer and generation config (`ServedTarget`).
 """
 
+import contextlib
 import re
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import httpx
+from transformers import AutoConfig, GenerationConfig, PreTrainedTokenizerBase
 
 from mtp_viz.detok import TextTracker
 from mtp_viz.errors import UserError
-from mtp_viz.loading import LoadedModel, eagle3_dir, eagle3_entry, encode_prompt, load_model, model_name, resolve_device
+from mtp_viz.loading import display_name, eagle3_dir, eagle3_entry, encode_prompt, model_name, resolve_device
+from mtp_viz.loading.sources import locate_tokenizer
+from mtp_viz.loading.spec import LoadSpec, load_spec
 from mtp_viz.machine import machine_info
 from mtp_viz.registry import load_registry
 from mtp_viz.runner import MAX_PROMPT_CHARS, RunRequest, attach_text, valid_unicode
 from mtp_viz.serving.client import Completion, complete, completion_body
 from mtp_viz.serving.export import export_draft, model_dir
 from mtp_viz.serving.methods import served, server_args
+from mtp_viz.serving.pool import ServerPool
 from mtp_viz.serving.server import Progress, ServerConfig, ServerError, StopAsked, VLLMServer
 from mtp_viz.serving.traces import Served, trace_from_completion
 from mtp_viz.strategies.variants import build_strategy_settings
@@ -33,11 +45,47 @@ THREADS_LINE = re.compile(r"Reducing Torch threads from (\d+) to (\d+)")
 
 
 @dataclass(frozen=True)
+class ServedTarget:
+    """The target as a plan needs it (what `encode_prompt` and the trace read), its weights left
+    to vLLM: `source` names where they lie as a LoadedModel's does (mtp_viz.serving.export.model_dir)."""
+
+    name: str
+    tokenizer: PreTrainedTokenizerBase | None
+    chat: bool
+    eos_token_ids: frozenset[int]
+    source: str
+
+
+@lru_cache(maxsize=8)
+def served_target(spec: LoadSpec) -> ServedTarget:
+    """The target's tokenizer, chat flag, EOS ids and directory, read once per process."""
+    source, tokenizer = locate_tokenizer(spec)
+    where = source.partition(":")[2] or source
+    eos = _generation_eos(where)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    chat = spec.entry.chat if spec.entry is not None else bool(tokenizer and tokenizer.chat_template)
+    name = spec.entry.id if spec.entry is not None else display_name(spec.name)
+    return ServedTarget(name, tokenizer, chat and tokenizer is not None, frozenset(eos), source)
+
+
+def _generation_eos(where: str) -> set[int]:
+    """The EOS ids of the generation config the model would load with (its file, else its config's)."""
+    local = {"local_files_only": True} if Path(where).is_dir() else {}  # else a hub id
+    try:
+        config = GenerationConfig.from_pretrained(where, **local)
+    except OSError:
+        config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(where, **local))
+    eos = config.eos_token_id
+    return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+
+
+@dataclass(frozen=True)
 class VLLMPlan:
     """What a request needs from a vLLM server, and how to describe its runs."""
 
     request: RunRequest
-    target: LoadedModel
+    target: ServedTarget
     settings: Any  # the strategy's frozen settings
     draft_name: str | None
     speculative_config: dict | None
@@ -83,7 +131,7 @@ def plan(request: RunRequest) -> VLLMPlan:
     values = strategy.served_values(request.strategy_settings)
     settings = build_strategy_settings(request.strategy, values, device.type)
     name = model_name(request.model, request.device)
-    target = load_model(name, "cpu", "float32")  # tokenizer, EOS and the weights' directory only
+    target = served_target(load_spec(name, "cpu", "float32"))  # no weights: vLLM loads them
     draft_name, draft_dir = None, None
     if strategy.method is not None and request.strategy == "speculative":
         entry = load_registry().models.get(name)
@@ -117,6 +165,24 @@ def open_server(
     return VLLMServer.start(p.server, progress=progress, cancelled=cancelled)
 
 
+@contextlib.contextmanager
+def server_for(
+    p: VLLMPlan,
+    url: str | None = None,
+    pool: ServerPool | None = None,
+    progress: Progress | None = None,
+    cancelled: StopAsked | None = None,
+) -> Iterator[tuple[VLLMServer, bool]]:
+    """The plan's server for one run and whether it has answered runs before: the user's at `url`,
+    else one leased from `pool` (kept after the run), else one started for the run and stopped after it."""
+    if pool is not None and not url:
+        with pool.lease(p.server, progress, cancelled) as lease:
+            yield lease.server, lease.reused
+        return
+    with open_server(p, url, progress, cancelled) as server:
+        yield server, False
+
+
 def prompt_ids(p: VLLMPlan, prompt: str | None = None) -> list[int]:
     r = p.request
     if r.prompt_ids is not None and prompt is None:
@@ -145,7 +211,7 @@ def to_trace(p: VLLMPlan, server: VLLMServer, c: Completion, prompt_text: str = 
     return trace
 
 
-def attach_texts(trace: Trace, target: LoadedModel) -> None:
+def attach_texts(trace: Trace, target: ServedTarget) -> None:
     """Token texts as our runner writes them (drafted ids vLLM did not report stay without text)."""
     if target.tokenizer is None:
         return
@@ -156,20 +222,31 @@ def attach_texts(trace: Trace, target: LoadedModel) -> None:
 
 
 def run_vllm(
-    request: RunRequest, url: str | None = None, progress: Progress | None = None, cancelled: StopAsked | None = None
+    request: RunRequest,
+    url: str | None = None,
+    progress: Progress | None = None,
+    cancelled: StopAsked | None = None,
+    pool: ServerPool | None = None,
 ) -> Trace:
-    """One prompt on vLLM, start to end: the server is started for it and stopped after it
-    (or the user's server at `url` is used)."""
+    """One prompt on vLLM, start to end, on `server_for`'s server. The trace's machine says whether
+    the server had answered before and when the first token came counted from the run's start
+    (`run_ttft_s`: planning, the server's start or wait, warm-up and the request's own `ttft_s`)."""
+    began = time.perf_counter()
     p = plan(request)
     ids = prompt_ids(p)
     body = request_body(p, ids)
-    with open_server(p, url, progress, cancelled) as server, httpx.Client() as client:
+    with server_for(p, url, pool, progress, cancelled) as (server, reused), httpx.Client() as client:
         try:
-            warm_up(client, server, p)
+            if not reused:
+                warm_up(client, server, p)
+            before = time.perf_counter() - began
             completion = complete(client, server.url, body)
         except httpx.HTTPError as e:
             raise ServerError(f"the vLLM request failed: {e}") from None
-        return to_trace(p, server, completion, request.prompt or "")
+        trace = to_trace(p, server, completion, request.prompt or "")
+    first = None if completion.ttft_s is None else before + completion.ttft_s
+    trace.machine.update(server_reused=reused, run_ttft_s=first)
+    return trace
 
 
 def warm_up(client: httpx.Client, server: VLLMServer, p: VLLMPlan) -> None:

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import httpx
@@ -72,8 +72,15 @@ class ServerConfig:
     max_model_len: int = 4096
     port: int | None = None  # None: a free one
     env: dict[str, str] = field(default_factory=dict)
+    gpu_memory_utilization: float | None = None  # the share of the GPU's memory it takes (None: vLLM's default)
+
+    @property
+    def key(self) -> tuple:
+        """What makes two servers different (hashable: the environment as sorted pairs)."""
+        return (*(getattr(self, f.name) for f in fields(self) if f.name != "env"), tuple(sorted(self.env.items())))
 
     def args(self, port: int) -> list[str]:
+        share = self.gpu_memory_utilization
         return [
             "-m",
             "vllm.entrypoints.openai.api_server",  # the `vllm` console script wants a dist named vllm
@@ -92,6 +99,7 @@ class ServerConfig:
             "--enable-per-request-metrics",
             "--disable-uvicorn-access-log",
             "--no-enable-prefix-caching",  # as our engine: no request reuses another's prefill
+            *(["--gpu-memory-utilization", f"{share:.3f}"] if share is not None else []),
             *self.extra_args,
         ]
 

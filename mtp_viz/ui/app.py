@@ -8,6 +8,7 @@ import gradio as gr
 from mtp_viz.errors import UserError
 from mtp_viz.loading import model_name
 from mtp_viz.registry import load_registry
+from mtp_viz.serving import pool
 from mtp_viz.ui import comparison
 from mtp_viz.ui.bench_tab import build_bench
 from mtp_viz.ui.compare import build_compare
@@ -86,6 +87,7 @@ def api_compare(
 
 
 def build_app() -> gr.Blocks:
+    pool.stop_on_exit()  # the vLLM servers Explore keeps between runs go when we are told to terminate
     registry = load_registry()
     default_model = model_name(None)
     explore = build_explore(registry, default_model)

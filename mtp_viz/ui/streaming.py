@@ -4,6 +4,7 @@ models) or the serving engine's progress while it starts and answers, then its t
 from collections.abc import Callable, Iterator
 
 from mtp_viz.runner import Run, RunRequest
+from mtp_viz.serving import pool
 from mtp_viz.serving.backend import run_vllm
 from mtp_viz.trace import Step, Trace
 from mtp_viz.ui import jobs
@@ -29,12 +30,14 @@ def stream(request: RunRequest) -> Iterator[tuple[list[Step], Trace | None]]:
 
 def stream_vllm(request: RunRequest) -> Iterator[tuple[str, Trace | None]]:
     """(what the vLLM server is doing, None) while it starts and answers, then ("", trace). The
-    server is started for this run and stopped after it; closing the generator (Stop) stops it
-    at once while it starts, else after the request in flight."""
-    status = {"message": "starting a vLLM server"}
+    server comes from the process's pool: started on the first run of its configuration and kept
+    for the next ones (mtp_viz.serving.pool). Closing the generator (Stop) gives up at once while
+    the server starts or the run waits its turn (a server stopped while starting is not kept),
+    else after the request in flight."""
+    status = {"message": "preparing the vLLM run"}
 
     def serve(stopped: Callable[[], bool]) -> Trace:
-        return run_vllm(request, progress=lambda m: status.update(message=m), cancelled=stopped)
+        return run_vllm(request, progress=lambda m: status.update(message=m), cancelled=stopped, pool=pool.shared())
 
     trace = yield from jobs.in_background(serve, lambda: (status["message"], None))
     yield "", trace
