@@ -6,9 +6,10 @@ How vLLM is made to verify exactly k tokens per step: the server runs a drafter 
 request at every step, as many tokens as the request's first prompt token asks for; the
 per-request metrics (`per_step_drafted`) confirm it and are recorded (`forced_share`). B requests
 with the same prompt length and output length (`ignore_eos`) start together, so they decode in
-the same steps; a step's time is vLLM's own decode interval of a request over its decode steps,
-the median over the B requests. One server measures every (B, k); a drafter's cost (the draft
-model, EAGLE-3) is what a step of its server costs beyond a forced step scoring as many tokens.
+the same steps (all prefilled in one step); a step's time is vLLM's own decode interval of a
+request over its decode steps, the median over the B requests. One server measures every (B, k);
+a drafter's cost (the draft model, EAGLE-3) is what a step of its server costs beyond a forced
+step scoring as many tokens.
 """
 
 import asyncio
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from mtp_viz.loading import resolve_device
 from mtp_viz.machine import machine_info
-from mtp_viz.profile import BATCH_CONTEXT, BATCH_SIZES, Profile
+from mtp_viz.profile import BATCH_SIZES, Profile
 from mtp_viz.prompts import spec_bench
 from mtp_viz.runner import RunRequest
 from mtp_viz.serving.backend import VLLMPlan, open_server, plan, prompt_ids
@@ -33,6 +34,9 @@ IN_VLLM = Path(__file__).with_name("in_vllm")  # on the server's PYTHONPATH
 FORCED_METHOD = {"method": "custom_class", "model": "forced_drafts.ForcedDrafts"}
 DRAFTS = (0, 1, 2, 3, 5, 7)  # draft lengths timed: k = d + 1 tokens per sequence (the profile's B × k grid)
 DECODE_STEPS = 12  # decode steps each request is timed over
+# prompt tokens per request: 32 of them (2048) fit one prefill step of vLLM's CPU server (its
+# max_num_batched_tokens), so B requests started together decode in the same steps from the first
+CONTEXT = 64
 DRAFTER_LENGTH = 3  # draft length a drafter's server runs with when its cost is measured
 DRAFTERS = ("speculative", "eagle")  # strategies whose drafter costs a forward per drafted token
 Progress = Callable[[str], None]
@@ -82,7 +86,7 @@ def forced_costs(
 ) -> tuple[dict[int, dict[int, float]], dict[str, float], dict]:
     """(B → k → seconds per step, k → share of steps that drafted exactly k − 1 (None: the server
     reported no per-step counts), the server's version and threads)."""
-    context = filler(p, BATCH_CONTEXT - 1)
+    context = filler(p, CONTEXT - 1)
     times: dict[tuple[int, int], list[float]] = {}
     exact: dict[int, list[bool]] = {d: [] for d in drafts}
     with open_server(p, progress=progress) as server:
@@ -105,7 +109,7 @@ def drafter_costs(
 ) -> dict[int, float]:
     """B → one drafted token's drafter cost / T(B, 1): a step of the drafter's server beyond the
     forced step that scores as many tokens, per drafted token."""
-    context = filler(p, BATCH_CONTEXT)
+    context = filler(p, CONTEXT)
     cost = {}
     with open_server(p, progress=progress) as server:
         for b in sizes:
