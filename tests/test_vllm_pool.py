@@ -194,3 +194,17 @@ def test_the_plan_reads_the_tokenizer_without_loading_the_weights(use_tiny_regis
     assert (p.target.name, p.target.chat, p.target.eos_token_ids) == (loaded.name, loaded.chat, loaded.eos_token_ids)
     assert p.server.model_dir == model_dir(loaded)
     assert ids == backend.encode_prompt(loaded, "the cat")
+
+
+def test_on_a_gpu_two_servers_split_the_cards_memory(fake_vllm, tmp_path, monkeypatch):
+    monkeypatch.setattr(pool_module.torch.cuda, "is_available", lambda: True)
+    pool = ServerPool(idle_s=60)
+    try:
+        assert pool.limit == pool_module.MAX_SERVERS_GPU == 2
+        with pool.lease(config(tmp_path)) as lease:
+            args = lease.server.args
+        share = args[args.index("--gpu-memory-utilization") + 1]
+        assert float(share) == pytest.approx(pool_module.GPU_MEMORY_FRACTION / 2)
+    finally:
+        pool.close()
+    assert "--gpu-memory-utilization" not in config(tmp_path).args(8000)  # the one-shot servers: vLLM's default
