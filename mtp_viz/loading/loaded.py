@@ -4,6 +4,7 @@ nothing later has to probe the modules to find out. And the two questions caller
 a prompt's token ids, and the vocabulary a target shares with its draft."""
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -44,7 +45,15 @@ def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -
     return frozenset(ids)
 
 
-def encode_prompt(loaded: LoadedModel, prompt: str, raw: bool = False) -> list[int]:
+class Tokenized(Protocol):
+    """What encoding a prompt reads of a model: a LoadedModel, or a served target's tokenizer."""
+
+    name: str
+    tokenizer: PreTrainedTokenizerBase | None
+    chat: bool
+
+
+def encode_prompt(loaded: Tokenized, prompt: str, raw: bool = False) -> list[int]:
     """Prompt text → token ids, through the chat template unless `raw` or the model has none."""
     if loaded.tokenizer is None:
         raise UserError(f"model {loaded.name} has no tokenizer; pass token ids instead of text")

@@ -132,7 +132,7 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                     elem_id="mv-with-baseline",
                 )
                 engine = gr.Radio(
-                    [("mtp-viz (every detail)", BACKEND_OURS), ("vLLM server (started for the run)", BACKEND_VLLM)],
+                    [("mtp-viz (every detail)", BACKEND_OURS), ("vLLM server (kept between runs)", BACKEND_VLLM)],
                     value=BACKEND_OURS,
                     label="Engine",
                     elem_id="mv-engine",
