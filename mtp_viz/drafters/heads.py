@@ -119,6 +119,8 @@ def save_heads(heads: MTPHeads, path: Path) -> None:
 
 
 def load_heads(target: PreTrainedModel, path: Path) -> MTPHeads:
+    """Saved heads around `target`'s embedding and head rows, as plain modules (the loading
+    pipeline gives them the target's format and kernel plan)."""
     if not (path / SPEC_FILE).is_file():
         raise UserError(f"{path} holds no trained heads ({SPEC_FILE} missing)")
     spec = HeadsSpec(**json.loads((path / SPEC_FILE).read_text()))
@@ -127,7 +129,6 @@ def load_heads(target: PreTrainedModel, path: Path) -> MTPHeads:
     tensors = load_file(path / WEIGHTS_FILE)
     head = ReducedHead(target.lm_head.weight, tensors.pop("vocab_ids").long().to(target.device), spec.vocab_size)
     heads = MTPHeads(spec, target.model.embed_tokens, head).to(device=target.device, dtype=target.dtype)
-    use_fast_linears(heads, plan_of(target))
     params = trained_parameters(heads)
     with torch.no_grad():
         for name, value in tensors.items():

@@ -16,6 +16,7 @@ import torch
 
 from mtp_viz.drafters.heads import HeadsSpec, MTPHeads, build_heads, load_heads, save_heads, trained_parameters
 from mtp_viz.drafters.vocab import frequent_tokens
+from mtp_viz.kernels import plan_of, use_fast_linears
 from mtp_viz.training.data import Sequence, load_sequences
 from mtp_viz.training.loop import LoopConfig, TrainJob, seed_everything
 
@@ -131,7 +132,7 @@ def train_heads(job: TrainJob, cfg: HeadsTrainConfig) -> dict:
     val_seqs = list(load_sequences(job.data, cfg.holdout_every, holdout=True))
     model = job.target.model
     if job.start_from is not None:  # continue training saved heads (their vocabulary and spec)
-        heads = load_heads(model, job.start_from).train()
+        heads = use_fast_linears(load_heads(model, job.start_from), plan_of(model)).train()  # as build_heads does
         heads.spec = replace(heads.spec, trained_depth=cfg.depth)
     else:
         eos = sorted(job.target.eos_token_ids)
