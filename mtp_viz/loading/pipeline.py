@@ -16,17 +16,15 @@ import torch
 from torch import nn
 
 from mtp_viz.drafters.heads import MTPHeads, load_heads
-from mtp_viz.gguf_codes import cached_q4_codes
 from mtp_viz.kernels import STOCK_PLAN, Plan, use_fast_linears
 from mtp_viz.linear_plan import tune
 from mtp_viz.loading.derive import derive
 from mtp_viz.loading.loaded import LoadedModel, eos_ids
 from mtp_viz.loading.sources import display_name, read
 from mtp_viz.loading.spec import LoadSpec
-from mtp_viz.paths import cache_root
 from mtp_viz.row_plan import BY_LOAD, plan_rows
 from mtp_viz.row_plan import describe as describe_rows
-from mtp_viz.weights import FP32, Q4, apply_format, check_format
+from mtp_viz.weights import FP32, apply_format
 from mtp_viz.weights import describe as describe_weights
 
 load_lock = threading.Lock()  # every load: models, heads, drafters
@@ -43,7 +41,6 @@ def load(spec: LoadSpec) -> LoadedModel:
 def _load(spec: LoadSpec) -> LoadedModel:  # under load_lock
     if spec in _loaded:
         return _loaded[spec]
-    check_format(spec.weights, spec.torch_device)
     base_spec = spec.base
     if base_spec is not None:  # a derived model shares its base's modules, tokenizer and format
         base = _load(base_spec)
@@ -51,9 +48,8 @@ def _load(spec: LoadSpec) -> LoadedModel:  # under load_lock
         tokenizer, codes, detail = base.tokenizer, None, base.weights_detail
     else:
         found = read(spec)
-        model, tokenizer, where = found.model, found.tokenizer, found.source
-        codes, note = _shipped_codes(spec, found.gguf, model)
-        detail = describe_weights(spec.weights, note)
+        model, tokenizer, where, codes = found.model, found.tokenizer, found.source, found.codes
+        detail = describe_weights(spec.weights, found.codes_note)
     model = apply_format(model, spec.weights, codes)
     plan = apply_kernels(model)
     chat = spec.entry.chat if spec.entry is not None else bool(tokenizer and tokenizer.chat_template)
@@ -72,15 +68,6 @@ def _load(spec: LoadSpec) -> LoadedModel:  # under load_lock
     )
     _loaded[spec] = loaded
     return loaded
-
-
-def _shipped_codes(spec: LoadSpec, gguf: Path | None, model: nn.Module):
-    """For q4: the 4-bit codes of the GGUF the weights were converted from (mtp_viz.gguf_codes),
-    and how the records name them; (None, None) otherwise."""
-    if spec.weights != Q4 or gguf is None:
-        return None, None
-    codes = cached_q4_codes(gguf, model, cache_root() / "weights")
-    return (codes, f"GGUF Q4_1 codes of {gguf.name} ({len(codes)} matrices)") if codes else (None, None)
 
 
 def apply_kernels(model: nn.Module, by: str = BY_LOAD) -> Plan | None:

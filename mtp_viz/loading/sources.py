@@ -15,7 +15,7 @@ import re
 import shutil
 import socket
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -24,9 +24,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from mtp_viz.errors import UnknownModelError, UserError
+from mtp_viz.gguf_codes import cached_q4_codes
 from mtp_viz.loading.spec import LoadSpec
 from mtp_viz.paths import cache_root
 from mtp_viz.registry import ModelEntry, Source, load_registry
+from mtp_viz.weights import Q4, Q4Codes
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,8 @@ class Read:
     tokenizer: PreTrainedTokenizerBase | None
     source: str  # where the weights came from, for the trace and the logs
     gguf: Path | None = None  # the GGUF the weights were converted from, when there is one
+    codes: dict[str, Q4Codes] | None = None  # for q4: that GGUF's 4-bit codes (mtp_viz.gguf_codes)
+    codes_note: str | None = None  # how the records name those codes
 
 
 def quiet_transformers() -> None:
@@ -74,10 +78,16 @@ def display_name(name: str) -> str:
 
 
 def read(spec: LoadSpec) -> Read:
-    """The spec's own weights (not a derived model's: mtp_viz.loading.derive builds those)."""
+    """The spec's own weights (not a derived model's: mtp_viz.loading.derive builds those); for q4,
+    the codes of the GGUF they were converted from, where there is one."""
     device, dtype = spec.torch_device, spec.torch_dtype
     if spec.entry is not None:
-        return _read_entry(spec.entry, device, dtype)
+        found = _read_entry(spec.entry, device, dtype)
+        if spec.weights != Q4 or found.gguf is None:
+            return found
+        codes = cached_q4_codes(found.gguf, found.model, cache_root() / "weights")
+        note = f"GGUF Q4_1 codes of {found.gguf.name} ({len(codes)} matrices)" if codes else None
+        return replace(found, codes=codes or None, codes_note=note)
     if is_model_dir(spec.name):
         return Read(*_from_dir(Path(spec.name), device, dtype), source=spec.name)
     if HUB_ID.fullmatch(spec.name) and hub_reachable():  # an unregistered hub repo (never with remote code)

@@ -11,7 +11,7 @@ import torch
 
 from mtp_viz.errors import UserError
 from mtp_viz.registry import ModelEntry, load_registry
-from mtp_viz.weights import FP32
+from mtp_viz.weights import FP32, check_format
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -27,6 +27,9 @@ class LoadSpec:
     device: str  # "cpu", "cuda", "cuda:1"
     dtype: str  # a key of DTYPES
     weights: str = FP32  # a concrete format of mtp_viz.weights, never auto
+
+    def __post_init__(self):
+        check_format(self.weights, self.device)  # a format this device runs: a clear error before any load
 
     @property
     def torch_device(self) -> torch.device:
