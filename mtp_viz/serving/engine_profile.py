@@ -91,6 +91,8 @@ def forced_costs(
     exact: dict[int, list[bool]] = {d: [] for d in drafts}
     with open_server(p, progress=progress) as server:
         engine = {"vllm": server.version, "threads": p.served(server).machine["threads"]}
+        for b in (1, max(sizes)):  # untimed: a fresh server's first steps of a shape pay one-off costs
+            time_level(server.url, body_for(p, [CODE_BASE + max(drafts), *context]), b)
         for _ in range(repeats):
             for b in sizes:
                 for d in drafts:
@@ -105,19 +107,29 @@ def forced_costs(
 
 
 def drafter_costs(
-    p: VLLMPlan, steps: dict[int, dict[int, float]], sizes: tuple[int, ...], length: int, progress: Progress | None
+    p: VLLMPlan,
+    steps: dict[int, dict[int, float]],
+    sizes: tuple[int, ...],
+    length: int,
+    repeats: int,
+    progress: Progress | None,
 ) -> dict[int, float]:
     """B → one drafted token's drafter cost / T(B, 1): a step of the drafter's server beyond the
-    forced step that scores as many tokens, per drafted token."""
+    forced step that scores as many tokens, per drafted token (medians over `repeats` rounds)."""
     context = filler(p, CONTEXT)
-    cost = {}
+    times: dict[int, list[float]] = {b: [] for b in sizes}
     with open_server(p, progress=progress) as server:
-        for b in sizes:
-            seconds, _ = time_level(server.url, body_for(p, context), b)
-            forced = steps[b].get(length + 1, steps[b][max(steps[b])])
-            cost[b] = max(0.0, (seconds - forced) / length / steps[b][1])
-            if progress:
-                progress(f"vLLM drafter step, B = {b}, {length} drafts: {seconds * 1e3:.1f} ms")
+        time_level(server.url, body_for(p, context), max(sizes))  # untimed, as above
+        for _ in range(repeats):
+            for b in sizes:
+                seconds, _ = time_level(server.url, body_for(p, context), b)
+                times[b].append(seconds)
+                if progress:
+                    progress(f"vLLM drafter step, B = {b}, {length} drafts: {seconds * 1e3:.1f} ms")
+    cost = {}
+    for b in sizes:
+        forced = steps[b].get(length + 1, steps[b][max(steps[b])])
+        cost[b] = max(0.0, (statistics.median(times[b]) - forced) / length / steps[b][1])
     return cost
 
 
@@ -159,7 +171,7 @@ def engine_profile(
     draft_cost, names = {}, {}
     for strategy, request in (drafters or {}).items():
         p = plan(replace(request, strategy_settings={**request.strategy_settings, **_length(strategy)}))
-        draft_cost[strategy] = drafter_costs(p, steps, sizes, DRAFTER_LENGTH, progress)
+        draft_cost[strategy] = drafter_costs(p, steps, sizes, DRAFTER_LENGTH, repeats, progress)
         names[strategy] = p.draft_name
     one = {b: row[1] for b, row in steps.items()}
     relative = {b: {k: t / row[1] for k, t in row.items()} for b, row in steps.items()}

@@ -104,9 +104,11 @@ def _length_of(rows: pd.DataFrame) -> int:
 
 
 def auto_schedule(table: pd.DataFrame, view: ProfileView, label: str, k: int, max_batch: int) -> Table:
-    """The schedule our load model recommends for a fixed label's strategy from its measured acceptance."""
+    """The schedule our load model recommends for a fixed label's strategy from its measured
+    acceptance, with drafts up to the length that label ran with."""
     acceptance = row_acceptance(table, label, k)
     if acceptance is None:
         raise UserError(f"{label} measured no acceptance to schedule from")
-    longest = max(max(row) for row in view.batch_cost.values()) - 1  # drafts the profile timed
-    return recommend(step_costs(view, family(label)), acceptance, max_batch, min(MAX_DRAFT, longest))
+    timed = max(max(row) for row in view.batch_cost.values()) - 1  # drafts the profile timed
+    # no longer than the fixed length measured: its acceptance is known only that far
+    return recommend(step_costs(view, family(label)), acceptance, max_batch, min(MAX_DRAFT, timed, k))
