@@ -208,10 +208,14 @@ def within_floor(summary: pd.DataFrame, floor: float = DEFAULT_QUALITY_FLOOR) ->
 
 
 def concurrency_curves(
-    summary: pd.DataFrame, strategies: list[str], batch_cost: dict[int, dict[int, float]], c: float | None
+    summary: pd.DataFrame,
+    strategies: list[str],
+    batch_cost: dict[int, dict[int, float]],
+    c: float | dict[str, dict[int, float]] | None,
 ) -> dict[str, tuple[dict[int, float], int | None]]:
     """label → (B → predicted speedup with B concurrent users, the first B below 1x), for the
-    strategies whose summary has the per-forward figures (older summaries lack them)."""
+    strategies whose summary has the per-forward figures (older summaries lack them); c: one draft
+    cost ratio, or a serving engine's per strategy and B (mtp_viz.profile.ProfileView.draft_costs)."""
     overall = summary[summary["category"] == "overall"].set_index("strategy")
     curves = {}
     for label in strategies:
@@ -225,8 +229,9 @@ def concurrency_curves(
         )
         if pd.isna(tokens) or pd.isna(scored):
             continue
-        if drafts and c is None:
+        cost = c.get(label.partition(":")[0]) if isinstance(c, dict) else c  # a serving engine's: per strategy
+        if drafts and cost is None:
             continue  # a draft model's cost is unknown without c
-        speedups = concurrency_speedup(float(tokens), float(scored), float(drafts or 0.0), c or 0.0, batch_cost)
+        speedups = concurrency_speedup(float(tokens), float(scored), float(drafts or 0.0), cost or 0.0, batch_cost)
         curves[label] = (speedups, break_even(speedups))
     return curves

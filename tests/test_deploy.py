@@ -326,3 +326,13 @@ def test_prefill_dilutes_a_decode_speedup_by_the_engines_cost_of_the_prompts():
     assert with_prefill(1.5, row, (0.001, {8: 0.2})) == pytest.approx((48 + share) / (48 / 1.5 + share))
     assert with_prefill(1.0, row, (0.001, {8: 0.2})) == 1.0  # plain decoding stays the baseline
     assert with_prefill(1.5, row.drop("prompt_tokens"), (0.001, {8: 0.2})) == 1.5  # an older sweep: decode only
+
+
+def test_the_load_curves_take_a_serving_engines_drafter_cost_per_strategy_and_batch():
+    summary = _summary()
+    engine = {"speculative": {1: 0.3, 8: 0.5, 32: 0.5}}
+    curves = concurrency_curves(summary, ["speculative:num_draft_tokens=2", "prompt_lookup"], BATCH, engine)
+    speedups, _ = curves["speculative:num_draft_tokens=2"]
+    assert speedups[1] == pytest.approx(1.8 / (interpolated(BATCH[1], 3.0) + 2.0 * 0.3))
+    assert "prompt_lookup" in curves  # drafts nothing: no drafter cost needed
+    assert concurrency_curves(summary, ["speculative:num_draft_tokens=2"], BATCH, {"eagle": {1: 0.1}}) == {}
