@@ -90,7 +90,8 @@ def forced_costs(
     times: dict[tuple[int, int], list[float]] = {}
     exact: dict[int, list[bool]] = {d: [] for d in drafts}
     with open_server(p, progress=progress) as server:
-        engine = {"vllm": server.version, "threads": p.served(server).machine["threads"]}
+        threads = p.served(server).machine["threads"]  # vLLM's worker's (None: its log did not say)
+        engine = {"vllm": server.version, **({"threads": threads} if threads is not None else {})}
         for b in (1, max(sizes)):  # untimed: a fresh server's first steps of a shape pay one-off costs
             time_level(server.url, body_for(p, [CODE_BASE + max(drafts), *context]), b)
         for _ in range(repeats):
@@ -186,7 +187,12 @@ def engine_profile(
         one_token_s=one[smallest],
         verify_cost={k: interpolated(relative[smallest], k) for k in range(1, max(relative[smallest]) + 1)},
         c=speculative[min(speculative)] if speculative else None,
-        machine={**machine_info(device), **engine, "engine": "vllm", "forced_drafts": forced.speculative_config},
+        machine={
+            **{k: v for k, v in machine_info(device).items() if k != "threads"},
+            **engine,
+            "engine": "vllm",
+            "forced_drafts": forced.speculative_config,
+        },
         batch_cost=relative,
         batch_one_token_s=one,
         engine="vllm",

@@ -132,7 +132,9 @@ def _measure(label: str, p: VLLMPlan, url: str | None, state) -> None:
         with open_server(p, url, progress) as server:
             threads = p.served(server).machine["threads"]  # vLLM's CPU worker's, not ours
             meta.setdefault("vllm", server.version)
-            meta["machine"]["threads"] = threads
+            meta["machine"]["threads"] = threads  # not ours; dropped where its log did not say
+            if threads is None:
+                meta["machine"].pop("threads")
             meta.setdefault("servers", {})[label] = {"args": server.args, "threads": threads}
             warm_up_concurrent(server, p, ids, max(concurrency))
             for c in concurrency:

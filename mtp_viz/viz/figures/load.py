@@ -71,6 +71,7 @@ def serving_curves(table, machine: str) -> go.Figure:
             y=rows["speedup"],
             mode="lines+markers",
             name=f"{name}: measured",
+            legendgroup=name,
             line=dict(color=colour),
             marker=dict(symbol=marker, size=8, color=colour),
             hovertemplate=f"{name} measured<br>%{{x}} clients: %{{y:.2f}}x<extra></extra>",
@@ -88,6 +89,8 @@ def serving_curves(table, machine: str) -> go.Figure:
                 y=rows[column],
                 mode="lines",
                 name=f"{name}: {what}",
+                legendgroup=name,
+                showlegend=False,  # one legend entry per strategy: the caption says what dashes are
                 line=dict(color=colour, dash=dash),
                 hovertemplate=f"{name} {what}<br>%{{x}} clients: %{{y:.2f}}x<extra></extra>",
             )
