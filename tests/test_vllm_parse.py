@@ -156,3 +156,64 @@ def test_the_load_model_counts_the_eagle_drafters_cost():
 
     assert uses_draft("eagle") and uses_draft("eagle:depth=3") and uses_draft("speculative")
     assert not uses_draft("prompt_lookup") and not uses_draft("autoregressive")
+
+
+def scheduled_reports(c, served, lengths):
+    """What vLLM reports for the recorded output when its schedule gives each successive step the
+    draft length in `lengths` (0: a plain step): drafts are the n-gram match's first k ids."""
+    from mtp_viz.serving.traces import _ngram_ids
+
+    out, prompt, config = c.token_ids, c.prompt_token_ids, served.speculative_config
+    drafted, accepted, placed, pos, i = [], [], [], 1, 0
+    while pos < len(out):
+        ids = _ngram_ids(prompt + out[:pos], config, {})
+        k = lengths[i % len(lengths)] if ids else 0
+        i += 1
+        if not k:
+            placed.append((pos, 0))
+            pos += 1
+            continue
+        kept = ids[:k]
+        a = next((j for j, t in enumerate(kept) if pos + j >= len(out) or t != out[pos + j]), len(kept))
+        drafted.append(len(kept))
+        accepted.append(a)
+        placed.append((pos, len(kept)))
+        pos += a + 1
+    return {**c.spec, "per_step_drafted": drafted, "per_step_accepted": accepted}, placed
+
+
+@pytest.mark.parametrize("lengths", [[3], [3, 1, 2], [1, 0, 3, 0], [2, 0]])
+def test_ngram_steps_under_a_schedule_are_placed_where_the_counts_fit(lengths):
+    """A schedule changes the draft length with the batch, which vLLM does not report: the steps are
+    placed where every reported count fits the output, and they are the steps vLLM ran."""
+    c, served, _ = recorded("prompt_lookup")
+    table = [[1, 4, max(lengths)], [5, 8, 0]]
+    served = replace(
+        served, speculative_config={**served.speculative_config, "num_speculative_tokens_per_batch_size": table}
+    )
+    spec, placed = scheduled_reports(c, served, lengths)
+    completion = replace(c, metrics={**c.metrics, "speculative_decoding": spec})
+    trace = trace_from_completion(completion, served)
+    assert trace.output_token_ids == c.token_ids
+    spec_steps = [s for s in trace.steps if s.drafted]
+    assert [len(s.drafted) for s in spec_steps] == spec["per_step_drafted"]
+    assert [s.accepted for s in spec_steps] == spec["per_step_accepted"]
+    assert all(d.token_id is not None for s in spec_steps for d in s.drafted)
+    starts = [sum(len(s.emitted) for s in trace.steps[:i]) for i in range(1, len(trace.steps))]
+    where = [(p, len(s.drafted)) for p, s in zip(starts, trace.steps[1:], strict=True)]
+    if 0 not in lengths:  # no plain step where a match was found: one placement fits, vLLM's
+        assert where == placed
+    else:  # a plain step and a drafting one may both fit: the earliest drafting placement is taken
+        assert len(where) <= len(placed) and sum(d for _, d in where) == sum(d for _, d in placed)
+
+
+def test_counts_that_fit_no_placement_under_a_schedule_are_refused():
+    c, served, _ = recorded("prompt_lookup")
+    table = [[1, 32, 3]]
+    served = replace(
+        served, speculative_config={**served.speculative_config, "num_speculative_tokens_per_batch_size": table}
+    )
+    spec, _ = scheduled_reports(c, served, [3])
+    spec["per_step_accepted"] = [spec["per_step_accepted"][0] + 1, *spec["per_step_accepted"][1:]]
+    with pytest.raises(StepMismatch, match="no placement"):
+        trace_from_completion(replace(c, metrics={**c.metrics, "speculative_decoding": spec}), served)

@@ -36,6 +36,7 @@ from mtp_viz.trace import (
 
 ENGINE = "vllm"
 SOURCES = {NGRAM: "ngram", DRAFT_MODEL: "draft_model", EAGLE3: "eagle3"}
+SCHEDULED = "num_speculative_tokens_per_batch_size"  # a draft length per batch size (mtp_viz.schedule)
 
 
 class StepMismatch(UserError):
@@ -72,6 +73,15 @@ def steps_from_completion(c: Completion, served: Served) -> tuple[list[Step], di
     pos, reported = 1, 0
     source = SOURCES.get(served.method or "", "draft")
     config = served.speculative_config or {}
+    if served.method == NGRAM and config.get(SCHEDULED):
+        placed = _scheduled_ngram(out, prompt, config, served.settings, drafted_counts, accepted_counts)
+        for at, draft_ids, n_acc in placed:
+            kv = len(prompt) + at - 1
+            if draft_ids:
+                steps.append(_verified(len(steps), out, at, list(draft_ids), n_acc, source, kv))
+            else:
+                steps.append(_plain(len(steps), out[at], 1, kv + 1))
+        return steps, {"placed_by": "ngram replay under a schedule, checked"}
     while pos < len(out):
         kv = len(prompt) + pos - 1
         if served.method == NGRAM:
@@ -103,6 +113,62 @@ def steps_from_completion(c: Completion, served: Served) -> tuple[list[Step], di
     if reported != len(drafted_counts):
         raise StepMismatch(f"vLLM reported {len(drafted_counts)} verify steps, {reported} fit the output")
     return steps, {"placed_by": "ngram replay, checked" if served.method == NGRAM else "in order"}
+
+
+def _ngram_ids(seq: list[int], config: dict, settings: dict) -> list[int]:
+    """What vLLM's n-gram proposer drafts after `seq` at the configured (longest) draft length."""
+    k = min(config["num_speculative_tokens"], settings.get("max_model_len", 1 << 30) - len(seq))
+    if k <= 0:
+        return []
+    ids, _, _ = find_draft(np.asarray(seq), config["prompt_lookup_max"], config["prompt_lookup_min"], k)
+    return list(ids)
+
+
+def _scheduled_ngram(
+    out: list[int], prompt: list[int], config: dict, settings: dict, drafted: list[int], accepted: list[int]
+) -> list[tuple[int, tuple[int, ...], int]]:
+    """Under a schedule a step's draft length depends on the batch at that moment, which vLLM does
+    not report: (output position, drafted ids, accepted) per step after the prefill, placed where
+    every reported step fits. A reported step at position p drafted the first d ids of the replay's
+    match there, its accepted ones equal the output and the next differs (it was refused); a
+    position with a match may also have been a plain step (a length of 0 in the table). The first
+    placement that uses every reported step, drafting wherever it can; StepMismatch when none does.
+    Without a 0 in the table the placement is vLLM's; with one, a plain step and a drafting one can
+    both fit the counts, and a step may be placed before the position where vLLM ran it (its counts
+    and tokens stay exact)."""
+    zero_allowed = any(int(k) == 0 for *_, k in config[SCHEDULED])
+    failed: set[tuple[int, int]] = set()
+    path: list[tuple[int, tuple[int, ...], int]] = []
+
+    def options(pos: int, r: int):
+        ids = _ngram_ids(prompt + out[:pos], config, settings)
+        if ids and r < len(drafted):
+            d, a = drafted[r], accepted[r]
+            kept = ids[:d]
+            fits = 0 < d <= len(ids) and a <= d and out[pos : pos + a] == kept[:a]
+            if fits and (a == d or pos + a >= len(out) or kept[a] != out[pos + a]):  # the refused one differs
+                yield pos + a + 1, r + 1, (pos, tuple(kept), a)
+        if not ids or zero_allowed:
+            yield pos + 1, r, (pos, (), 0)
+
+    stack = [(1, 0, options(1, 0))]
+    while stack:
+        pos, r, choices = stack[-1]
+        if pos >= len(out) and r == len(drafted):
+            return path
+        nxt = next(choices, None) if pos < len(out) else None
+        if nxt is None:
+            failed.add((pos, r))
+            stack.pop()
+            if path:
+                path.pop()
+            continue
+        npos, nr, step = nxt
+        if (npos, nr) in failed:
+            continue
+        path.append(step)
+        stack.append((npos, nr, options(npos, nr)))
+    raise StepMismatch(f"no placement of vLLM's {len(drafted)} reported steps fits the output under the schedule")
 
 
 def _plain(index: int, token: int, fed: int, kv_len: int) -> Step:
