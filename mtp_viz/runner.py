@@ -14,7 +14,15 @@ import torch
 from mtp_viz.clock import Clock
 from mtp_viz.detok import TextTracker
 from mtp_viz.errors import InvalidSettingsError, UserError
-from mtp_viz.loading import DrafterRequest, encode_prompt, load_drafting, load_model, resolve_device, shared_vocab_size
+from mtp_viz.loading import (
+    DrafterRequest,
+    LoadedModel,
+    encode_prompt,
+    load_drafting,
+    load_model,
+    resolve_device,
+    shared_vocab_size,
+)
 from mtp_viz.machine import machine_info
 from mtp_viz.prepare import prepare_engine, warm_up
 from mtp_viz.strategies import get_strategy
@@ -84,12 +92,11 @@ class Run:
             raise InvalidSettingsError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, got {request.compile!r}")
         if request.weights not in CHOICES:
             raise InvalidSettingsError(f"weights must be one of {', '.join(CHOICES)}, got {request.weights!r}")
-        self.target = load_model(request.model, request.device, request.dtype, request.weights)
+        target = load_model(request.model, request.device, request.dtype, request.weights)
         drafters = DrafterRequest(
             self.spec.name, request.draft, request.heads, request.eagle3, request.device, request.dtype, request.weights
         )
-        self.drafting = load_drafting(self.target, self.spec.drafters(self.settings), drafters)
-        self.target, self.draft = self.drafting.target, self.drafting.draft
+        self.drafting = load_drafting(target, self.spec.drafters(self.settings), drafters)
         self.vocab_size = (
             shared_vocab_size(self.target, self.draft) if self.draft else self.target.model.config.vocab_size
         )
@@ -98,6 +105,15 @@ class Run:
         self.trace: Trace | None = None
         self._cancelled = False
         self.engine: dict[str, Any] | None = None  # set by prepare()
+
+    @property
+    def target(self) -> LoadedModel:
+        """The model the strategy decodes with (a mask-token model where its drafter is masks)."""
+        return self.drafting.target
+
+    @property
+    def draft(self) -> LoadedModel | None:
+        return self.drafting.draft
 
     def _prompt_ids(self) -> list[int]:
         r = self.request

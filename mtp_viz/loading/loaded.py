@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from mtp_viz.errors import IncompatibleDraftError, UserError
 from mtp_viz.kernels import Plan
@@ -37,8 +37,9 @@ class LoadedModel:
         return str(self.model.dtype).removeprefix("torch.")
 
 
-def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> frozenset[int]:
-    eos = model.generation_config.eos_token_id if model.generation_config else None
+def eos_ids(generation: GenerationConfig | None, tokenizer: PreTrainedTokenizerBase | None) -> frozenset[int]:
+    """The ids that end generation: the generation config's, and the tokenizer's EOS."""
+    eos = generation.eos_token_id if generation is not None else None
     ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)

@@ -20,7 +20,7 @@ from mtp_viz.kernels import STOCK_PLAN, Plan, use_fast_linears
 from mtp_viz.linear_plan import tune
 from mtp_viz.loading.derive import derive
 from mtp_viz.loading.loaded import LoadedModel, eos_ids
-from mtp_viz.loading.sources import display_name, read
+from mtp_viz.loading.sources import described, read
 from mtp_viz.loading.spec import LoadSpec
 from mtp_viz.row_plan import BY_LOAD, plan_rows
 from mtp_viz.row_plan import describe as describe_rows
@@ -52,14 +52,13 @@ def _load(spec: LoadSpec) -> LoadedModel:  # under load_lock
         detail = describe_weights(spec.weights, found.codes_note)
     model = apply_format(model, spec.weights, codes)
     plan = apply_kernels(model)
-    chat = spec.entry.chat if spec.entry is not None else bool(tokenizer and tokenizer.chat_template)
-    name = spec.entry.id if spec.entry is not None else display_name(spec.name)
+    name, chat = described(spec, tokenizer)
     loaded = LoadedModel(
         name,
         model,
         tokenizer,
-        chat and tokenizer is not None,
-        eos_ids(model, tokenizer),
+        chat,
+        eos_ids(model.generation_config, tokenizer),
         where,
         spec.weights,
         detail,

@@ -45,7 +45,6 @@ class Read:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase | None
     source: str  # where the weights came from, for the trace and the logs
-    gguf: Path | None = None  # the GGUF the weights were converted from, when there is one
     codes: dict[str, Q4Codes] | None = None  # for q4: that GGUF's 4-bit codes (mtp_viz.gguf_codes)
     codes_note: str | None = None  # how the records name those codes
 
@@ -80,62 +79,59 @@ def display_name(name: str) -> str:
 def read(spec: LoadSpec) -> Read:
     """The spec's own weights (not a derived model's: mtp_viz.loading.derive builds those); for q4,
     the codes of the GGUF they were converted from, where there is one."""
-    device, dtype = spec.torch_device, spec.torch_dtype
+    where, source = locate(spec)
+    log.info("loading %s from %s", spec.name, where)
+    if Path(where).is_dir():
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=spec.torch_dtype, local_files_only=True)
+    else:  # a hub repo (never with remote code)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=spec.torch_dtype)
+    found = Read(model.to(spec.torch_device).eval(), tokenizer_at(where), source)
+    gguf = _converted_from(spec.entry, Path(where)) if spec.entry is not None else None
+    if spec.weights != Q4 or gguf is None:
+        return found
+    codes = cached_q4_codes(gguf, found.model, cache_root() / "weights")
+    note = f"GGUF Q4_1 codes of {gguf.name} ({len(codes)} matrices)" if codes else None
+    return replace(found, codes=codes or None, codes_note=note)
+
+
+def locate(spec: LoadSpec) -> tuple[str, str]:
+    """Where the spec's weights lie (a directory or a hub id), and how the records name that place:
+    a registry entry's sources in order, to the first found (a shipped GGUF is converted only when
+    reached), else a local model directory, else an unregistered hub repo when the hub answers."""
+    if spec.base is not None:
+        raise UserError(f"model {spec.name} is derived from {spec.base.name}: it has no model directory of its own")
     if spec.entry is not None:
-        found = _read_entry(spec.entry, device, dtype)
-        if spec.weights != Q4 or found.gguf is None:
-            return found
-        codes = cached_q4_codes(found.gguf, found.model, cache_root() / "weights")
-        note = f"GGUF Q4_1 codes of {found.gguf.name} ({len(codes)} matrices)" if codes else None
-        return replace(found, codes=codes or None, codes_note=note)
+        reasons = []
+        for s in spec.entry.sources:
+            where, why = _locate(spec.entry, s)
+            if where is not None:
+                return where, f"{s.kind}:{where}"
+            reasons.append(f"{s.kind}: {why}")
+        raise UnknownModelError(f"model {spec.entry.id!r} could not be loaded from any source ({'; '.join(reasons)})")
     if is_model_dir(spec.name):
-        return Read(*_from_dir(Path(spec.name), device, dtype), source=spec.name)
-    if HUB_ID.fullmatch(spec.name) and hub_reachable():  # an unregistered hub repo (never with remote code)
-        return Read(*_from_hub(spec.name, device, dtype), source=f"hub:{spec.name}")
+        return spec.name, spec.name
+    if HUB_ID.fullmatch(spec.name) and hub_reachable():
+        return spec.name, f"hub:{spec.name}"
     load_registry().get(spec.name)  # raises UnknownModelError with the list of known ids
     raise AssertionError("unreachable")
 
 
-def locate_tokenizer(spec: LoadSpec) -> tuple[str, PreTrainedTokenizerBase | None]:
-    """Where the spec's weights lie (named as `Read.source` names them) and its tokenizer, the
-    weights left unread: for another engine that loads them itself. A shipped GGUF is converted
-    once, as a load does; a derived model (a draft or view on a base) has no directory of its own."""
-    if spec.base is not None:
-        raise UserError(f"model {spec.name} is derived from {spec.base.name}: it has no model directory of its own")
-    if spec.entry is not None:
-        reasons, where = [], None
-        for s in spec.entry.sources:  # in order, to the first found: a GGUF is converted only when reached
-            where, why = _locate(spec.entry, s)
-            if where is not None:
-                source = f"{s.kind}:{where}"
-                break
-            reasons.append(f"{s.kind}: {why}")
-        if where is None:
-            raise UnknownModelError(f"model {spec.entry.id!r} is in none of its sources ({'; '.join(reasons)})")
-    elif is_model_dir(spec.name):
-        source = where = spec.name
-    elif HUB_ID.fullmatch(spec.name) and hub_reachable():
-        source, where = f"hub:{spec.name}", spec.name
-    else:
-        load_registry().get(spec.name)  # raises UnknownModelError with the list of known ids
-        raise AssertionError("unreachable")
+def tokenizer_at(where: str) -> PreTrainedTokenizerBase | None:
+    """The tokenizer beside the weights at `where` (a directory: None when it holds none; a hub id)."""
     if not Path(where).is_dir():
-        return source, AutoTokenizer.from_pretrained(where)
-    has_tokenizer = (Path(where) / "tokenizer.json").is_file() or (Path(where) / "tokenizer_config.json").is_file()
-    return source, AutoTokenizer.from_pretrained(where, local_files_only=True) if has_tokenizer else None
+        return AutoTokenizer.from_pretrained(where)
+    path = Path(where)
+    if (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return None
 
 
-def _read_entry(entry: ModelEntry, device: torch.device, dtype: torch.dtype) -> Read:
-    reasons = []
-    for source in entry.sources:
-        path, why = _locate(entry, source)
-        if path is None:
-            reasons.append(f"{source.kind}: {why}")
-            continue
-        log.info("loading %s from %s", entry.id, path)
-        model, tok = _from_dir(Path(path), device, dtype) if Path(path).is_dir() else _from_hub(path, device, dtype)
-        return Read(model, tok, f"{source.kind}:{path}", _converted_from(entry, Path(path)))
-    raise UnknownModelError(f"model {entry.id!r} could not be loaded from any source ({'; '.join(reasons)})")
+def described(spec: LoadSpec, tokenizer: PreTrainedTokenizerBase | None) -> tuple[str, bool]:
+    """How traces name the model (its registry id, or a directory's own name) and whether it is
+    prompted through its chat template."""
+    if spec.entry is not None:
+        return spec.entry.id, spec.entry.chat and tokenizer is not None
+    return display_name(spec.name), bool(tokenizer and tokenizer.chat_template)
 
 
 def _locate(entry: ModelEntry, source: Source) -> tuple[str | None, str]:
@@ -217,16 +213,3 @@ def save_atomically(out: Path, write) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(aside, ignore_errors=True)
     return out
-
-
-def _from_dir(path: Path, device: torch.device, dtype: torch.dtype):
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).to(device).eval()
-    tok = None
-    if (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file():
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return model, tok
-
-
-def _from_hub(repo: str, device: torch.device, dtype: torch.dtype):
-    model = AutoModelForCausalLM.from_pretrained(repo, dtype=dtype).to(device).eval()
-    return model, AutoTokenizer.from_pretrained(repo)

@@ -22,8 +22,9 @@ from transformers import AutoConfig, GenerationConfig, PreTrainedTokenizerBase
 
 from mtp_viz.detok import TextTracker
 from mtp_viz.errors import UserError
-from mtp_viz.loading import display_name, eagle3_dir, eagle3_entry, encode_prompt, model_name, resolve_device
-from mtp_viz.loading.sources import locate_tokenizer
+from mtp_viz.loading import eagle3_dir, eagle3_entry, encode_prompt, model_name, resolve_device
+from mtp_viz.loading.loaded import eos_ids
+from mtp_viz.loading.sources import described, locate, tokenizer_at
 from mtp_viz.loading.spec import LoadSpec, load_spec
 from mtp_viz.machine import machine_info
 from mtp_viz.registry import load_registry
@@ -58,26 +59,21 @@ class ServedTarget:
 
 @lru_cache(maxsize=8)
 def served_target(spec: LoadSpec) -> ServedTarget:
-    """The target's tokenizer, chat flag, EOS ids and directory, read once per process."""
-    source, tokenizer = locate_tokenizer(spec)
-    where = source.partition(":")[2] or source
-    eos = _generation_eos(where)
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        eos.add(tokenizer.eos_token_id)
-    chat = spec.entry.chat if spec.entry is not None else bool(tokenizer and tokenizer.chat_template)
-    name = spec.entry.id if spec.entry is not None else display_name(spec.name)
-    return ServedTarget(name, tokenizer, chat and tokenizer is not None, frozenset(eos), source)
+    """The target's tokenizer, chat flag, EOS ids and directory, read once per process; its weights
+    are left to vLLM."""
+    where, source = locate(spec)
+    tokenizer = tokenizer_at(where)
+    name, chat = described(spec, tokenizer)
+    return ServedTarget(name, tokenizer, chat, eos_ids(_generation_config(where), tokenizer), source)
 
 
-def _generation_eos(where: str) -> set[int]:
-    """The EOS ids of the generation config the model would load with (its file, else its config's)."""
+def _generation_config(where: str) -> GenerationConfig:
+    """The generation config the model would load with (its file, else its config's)."""
     local = {"local_files_only": True} if Path(where).is_dir() else {}  # else a hub id
     try:
-        config = GenerationConfig.from_pretrained(where, **local)
+        return GenerationConfig.from_pretrained(where, **local)
     except OSError:
-        config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(where, **local))
-    eos = config.eos_token_id
-    return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        return GenerationConfig.from_model_config(AutoConfig.from_pretrained(where, **local))
 
 
 @dataclass(frozen=True)
