@@ -192,7 +192,7 @@ def deploy_table(
     table = pd.DataFrame(rows, columns=["strategy", "quality", *MEASURED, *COSTS])
     table["_below"] = table["quality"] == BELOW_FLOOR
     table = table.sort_values(["_below", "speedup"], ascending=[True, False]).drop(columns="_below")
-    return table.reset_index(drop=True).round(4)
+    return table.reset_index(drop=True)  # as measured: the views round what a person reads (mtp_viz.ui.readable)
 
 
 def within_floor(summary: pd.DataFrame, floor: float = DEFAULT_QUALITY_FLOOR) -> pd.DataFrame:

@@ -75,10 +75,12 @@ def machine_key() -> str:
 
 
 def machine_label(info: dict) -> str:
-    """ "AMD EPYC, 2 threads" or "NVIDIA H200": how figures name their machine."""
+    """ "AMD EPYC, 2 threads" or "NVIDIA H200": how figures name their machine (the threads left
+    out where they were not recorded)."""
     if info.get("gpu"):
         return str(info["gpu"])
-    return f"{info.get('cpu', 'unknown CPU')}, {info.get('threads', '?')} threads"
+    threads = f", {info['threads']} threads" if info.get("threads") is not None else ""
+    return f"{info.get('cpu', 'unknown CPU')}{threads}"
 
 
 def describe(machine: dict) -> str:

@@ -1,5 +1,10 @@
 """Record the example traces shipped in assets/examples (they render without running a model).
 
+The autoregressive run of a prompt is recorded in the same process as the strategies on that
+prompt, just before them: the app shows their speedup over it (mtp_viz.ui.first_look pairs a trace
+with the autoregressive one of the same prompt, settings and machine record), so re-record them
+together, on an otherwise quiet machine.
+
 .venv/bin/python scripts/make_example_traces.py
 """
 

@@ -203,3 +203,35 @@ def test_explore_runs_on_vllm_through_the_app_and_draws_the_trace(client, fake_v
     assert "vLLM" in summary and "mv-tok" in tokens
     pool.shutdown()
     assert gone(json.loads(fake_vllm.read_text()))
+
+
+def test_a_page_load_asks_for_no_model_and_only_the_deploy_tab_prices_with_one(tiny_registry, tmp_path, monkeypatch):
+    """Every handler the app runs on page load, run as the page runs it, asks the model loader for
+    nothing; the tabs' first-open handlers do only where a tab needs models by design (Deploy?
+    prices its strategies), with a registry where the shipped results' model loads as in the app."""
+    from app_registry import SHIPPED_MODEL, registry_with_shipped_model
+
+    from mtp_viz.errors import UserError
+    from mtp_viz.loading import pipeline
+    from mtp_viz.ui.app import build_app
+    from mtp_viz.ui.deploy_tab import price_results
+
+    monkeypatch.setenv("MTP_VIZ_MODELS", str(registry_with_shipped_model(tiny_registry, tmp_path)))
+    monkeypatch.setenv("MTP_VIZ_CACHE", str(tmp_path / "cache"))
+    asked = []
+
+    def probe(spec):
+        asked.append(spec.name)
+        raise UserError("the test's loader loads nothing")  # a model that cannot load: its cost is left blank
+
+    monkeypatch.setattr(pipeline, "load", probe)
+    price_results.cache_clear()  # priced by an earlier test: asked for again
+    handlers = build_app().fns.values()
+    on = {kind: [h for h in handlers if any(event == kind for _, event in h.targets)] for kind in ("load", "select")}
+    assert [h.name for h in on["load"]] == ["first_paint"]  # Explore's first look, drawn from its trace
+    for handler in on["load"]:
+        handler.fn(*[c.value for c in handler.inputs])
+    assert asked == []
+    for handler in on["select"]:
+        handler.fn(*[c.value for c in handler.inputs])
+    assert asked and set(asked) == {SHIPPED_MODEL}

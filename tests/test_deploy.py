@@ -2,6 +2,7 @@
 load, and the Deploy tab's table, CSV and figure (tiny models)."""
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -336,3 +337,71 @@ def test_the_load_curves_take_a_serving_engines_drafter_cost_per_strategy_and_ba
     assert speedups[1] == pytest.approx(1.8 / (interpolated(BATCH[1], 3.0) + 2.0 * 0.3))
     assert "prompt_lookup" in curves  # drafts nothing: no drafter cost needed
     assert concurrency_curves(summary, ["speculative:num_draft_tokens=2"], BATCH, {"eagle": {1: 0.1}}) == {}
+
+
+def test_the_deploy_tables_read_rounded_and_their_csv_keeps_every_digit(use_tiny_registry, tmp_path, monkeypatch):
+    """What a person reads: speedups and tokens per forward to 2 decimals, shares as %; the CSV
+    has the measured figures as measured. A results file is priced once per version of it."""
+    from mtp_viz.ui import deploy_tab
+    from mtp_viz.ui.readable import readable
+
+    summary = _lossy_summary()
+    odd = summary["strategy"] == "conf_adapt:mode=fixed:k=4"
+    summary.loc[odd, ["speedup", "agreement", "mean_accepted_tokens"]] = [1.1261, 0.158299913650614, 1.27391]
+    results = tmp_path / "summary.csv"
+    summary.to_csv(results, index=False)
+    (tmp_path / "summary.json").write_text(json.dumps({"model": "tiny", "machine": {"cpu": "X"}, "rows": []}))
+    priced = []
+    monkeypatch.setattr(deploy_tab, "deploy_table", lambda *a, **k: priced.append(a) or deploy_table(*a, **k))
+    table, csv, _, _ = deploy_tab.views(results, None)
+    shown = readable(table).set_index("strategy").loc["conf_adapt:mode=fixed:k=4"]
+    assert (shown["speedup"], shown["agreement"], shown["tokens per forward"]) == ("1.13", "15.8%", "1.27")
+    assert shown["identical to AR"] == "0.0%" and shown["math accuracy"] == "—"  # not measured: blank
+    full = pd.read_csv(csv).set_index("strategy").loc["conf_adapt:mode=fixed:k=4"]
+    assert (full["speedup"], full["agreement"], full["tokens per forward"]) == (1.1261, 0.158299913650614, 1.27391)
+    assert deploy_tab.views(results, None)[1] == csv and len(priced) == 1  # the same file, priced once
+    summary.to_csv(results, index=False)  # a new version of the file
+    os.utime(results, ns=(results.stat().st_atime_ns, results.stat().st_mtime_ns + 10**9))
+    deploy_tab.views(results, None)
+    assert len(priced) == 2
+
+
+def test_readable_rounds_each_kind_of_figure_and_leaves_labels_and_whole_numbers():
+    from mtp_viz.ui.readable import readable
+
+    table = pd.DataFrame(
+        {
+            "strategy": ["a", "b"],
+            "concurrency": [1, 16],
+            "predicted, 8 users": [0.98765, float("nan")],
+            "prediction_error": [0.1234, -0.05],
+            "identical_to_ar": [1.0, 0.5],
+            "extra_params": [1234567.0, float("nan")],
+            "extra_memory_mb": [12.345, 0.0],
+            "ttft_s": [0.31136648, 0.2],
+            "tokens_per_s": [36.17448842493677, 100.0],
+            "below 1x from": [8, "—"],
+        }
+    )
+    shown = readable(table)
+    assert shown.loc[0].tolist() == ["a", "1", "0.99", "+12.3%", "100.0%", "1,234,567", "12.3", "0.311", "36.2", 8]
+    assert shown.loc[1].tolist() == ["b", "16", "—", "-5.0%", "50.0%", "—", "0.0", "0.200", "100.0", "—"]
+    assert table.loc[0, "predicted, 8 users"] == 0.98765  # the table itself keeps its digits
+
+
+def test_a_serving_sweep_without_its_thread_count_names_no_threads(tmp_path):
+    from mtp_viz.ui.deploy_tab import serving_views
+
+    _sweep(tmp_path / "sweep", [("autoregressive", 1, 20.0, 1.0, 1.0, 1.0), ("prompt_lookup", 1, 24.0, 1.2, 1.3, 2.0)])
+    meta_path = tmp_path / "sweep" / "summary.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["machine"]["threads"]  # vLLM's log did not say
+    meta_path.write_text(json.dumps(meta))
+    profile_path = tmp_path / "profile.json"
+    _engine_profile(profile_path, {1: {1: 1.0, 2: 1.05}})
+    data = json.loads(profile_path.read_text())
+    del data["machine"]["threads"]
+    profile_path.write_text(json.dumps(data))
+    fig, _, _, caption = serving_views(tmp_path / "sweep", profile_path)
+    assert "Serving CPU, vLLM 9.9" in fig.layout.title.text and "Engine CPU, vLLM 9.9 steps" in caption
+    assert "threads" not in fig.layout.title.text + caption

@@ -1,10 +1,15 @@
 """What the UI callbacks rely on, without a browser: requests from UI values, streaming with a
-per-model lock, cancellation, concurrent runs, uploads, comparison verdicts and their diagnosis."""
+per-model lock, cancellation, concurrent runs, uploads, comparison verdicts and their diagnosis,
+Explore's first look and the files the app hands out."""
 
 import gc
 import json
+import subprocess
+import sys
 import threading
 import time
+from dataclasses import fields, replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +18,7 @@ import torch
 from mtp_viz.errors import InvalidSettingsError, InvalidTraceError, UserError
 from mtp_viz.quality import diagnose_divergence, lossless_verdict
 from mtp_viz.runner import Run
+from mtp_viz.trace import Trace
 from mtp_viz.ui import jobs, trace_files
 from mtp_viz.ui.baselines import as_baseline, baseline_key, request_baseline_key
 from mtp_viz.ui.comparison import MAX_COMPARED, comparison_requests, uploaded_comparison
@@ -334,3 +340,85 @@ def test_deploy_costs_come_from_the_loaded_models(use_tiny_registry):
     assert base.target_forwards_per_token == 1.0
     rows = api_compare("the cat sat", ["speculative"], model="tiny", max_new_tokens=6)["metrics"]
     assert rows[0]["extra_params"] == 0 and rows[1]["extra_params"] == params and rows[1]["extra_memory_mb"] > 0
+
+
+def test_the_first_look_has_the_speedup_over_the_autoregressive_run_recorded_beside_it():
+    """Explore's recorded example is paired with the autoregressive run of the same prompt and
+    settings recorded on the same machine in the same session; a run from elsewhere never is."""
+    from mtp_viz.machine import machine_label
+    from mtp_viz.ui.first_look import FIRST_LOOK, note_html, open_example, recorded_baseline, recorded_speed
+    from mtp_viz.ui.results import example_traces
+    from mtp_viz.viz.tables import summary_html
+
+    examples = example_traces()
+    look = open_example(FIRST_LOOK, examples)
+    assert look.baseline is not None and look.baseline.strategy == "autoregressive"
+    assert look.baseline.prompt_token_ids == look.trace.prompt_token_ids and look.baseline.machine == look.trace.machine
+    speedup = look.trace.summary["tokens_per_s"] / look.baseline.summary["tokens_per_s"]
+    shown = summary_html(look.trace, recorded_speed(look).get(baseline_key(look.trace)))
+    assert f"speedup vs autoregressive</div><div style='font-size:20px;font-weight:600'>{speedup:.2f}x" in shown
+    assert machine_label(look.trace.machine) in note_html(look) and "recorded beside it" in note_html(look)
+    elsewhere = replace(look.trace, machine={**look.trace.machine, "cpu": "Another CPU"})
+    assert recorded_baseline(elsewhere, examples) is None
+    longer = replace(look.trace, settings={**look.trace.settings, "max_new_tokens": 97})
+    assert recorded_baseline(longer, examples) is None
+
+
+def test_explore_starts_from_the_first_looks_own_strategy_settings_and_prompt(use_tiny_registry):
+    """The controls hold what the example ran (its model too, where registered), so Run repeats it."""
+    import gradio as gr
+
+    from mtp_viz.registry import load_registry
+    from mtp_viz.strategies import STRATEGIES
+    from mtp_viz.ui.controls import build_controls
+    from mtp_viz.ui.explore import DEFAULT_PROMPT, starting_values
+    from mtp_viz.ui.first_look import FIRST_LOOK, open_example
+    from mtp_viz.ui.results import example_traces
+
+    trace = open_example(FIRST_LOOK, example_traces()).trace
+    start = starting_values(load_registry(), "tiny", trace)
+    assert start["strategy"] == trace.strategy == "prompt_lookup" and start["prompt"] == trace.prompt_text
+    assert start["model"] == "tiny" and start["draft"] == "tiny-draft"  # its model is not registered here
+    generation = {k: start[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")}
+    request = build_request(
+        start["prompt"],
+        start["model"],
+        start["strategy"],
+        start["draft"],
+        start["raw"],
+        start["settings"],
+        weights=start["weights"],
+        **generation,
+    )
+    assert request.strategy_settings == {k: trace.settings[k] for k in request.strategy_settings}
+    assert set(request.strategy_settings) == {"num_draft_tokens", "max_ngram_size", "min_ngram_size"}
+    assert {k: getattr(request.generation, k) for k in generation} == {k: trace.settings[k] for k in generation}
+    assert request.weights == trace.settings["weights"]
+    with gr.Blocks():
+        made = build_controls(start["strategy"], start["settings"])
+    owned = {f.name for f in fields(STRATEGIES["prompt_lookup"].settings_cls)}
+    assert {name for name, control in made.items() if control.visible} == owned
+    assert all(made[name].value == trace.settings[name] for name in owned)
+    assert starting_values(load_registry(), "tiny", None)["prompt"] == DEFAULT_PROMPT  # no example: the defaults
+
+
+def test_downloads_are_written_once_per_content_into_one_folder_removed_at_exit():
+    from mtp_viz.ui.first_look import FIRST_LOOK
+    from mtp_viz.ui.results import example_traces
+    from mtp_viz.ui.temp_files import app_temp_dir
+
+    trace = Trace.load(example_traces()[FIRST_LOOK])
+    first, again = trace_file(trace), trace_file(trace)
+    assert first == again and Path(first).is_relative_to(app_temp_dir())  # every page load's first look: one file
+    other = trace_file(replace(trace, prompt_text="another prompt"))
+    assert other != first and Path(other).name == Path(first).name and Path(first).is_file()
+    script = "from mtp_viz.ui.temp_files import download_file; print(download_file('t.csv', 'a,b'), flush=True)"
+    killed = subprocess.run(
+        [sys.executable, "-c", f"{script}; import os; os.kill(os.getpid(), 9)"], capture_output=True
+    )
+    orphan = Path(killed.stdout.decode().strip()).parent.parent
+    assert orphan.name.startswith("mtp-viz-app-") and orphan.exists()  # killed: no exit handler ran
+    ended = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    folder = Path(ended.stdout.strip()).parent.parent
+    assert not folder.exists()  # removed when its process ended
+    assert not orphan.exists()  # and the killed one's, by the next app process

@@ -1,6 +1,7 @@
 """The mtp-viz Gradio app: tabs composed with .render(), plus named API endpoints.
 
-Nothing heavy happens at import or build time: models load on the first run that needs them.
+Nothing heavy happens at import or build time, nor on page load: models load on the first run
+that needs them, and a tab other than Explore draws when a user first opens it (mtp_viz.ui.opening).
 """
 
 import gradio as gr
@@ -15,6 +16,7 @@ from mtp_viz.ui.compare import build_compare
 from mtp_viz.ui.deploy_tab import build_deploy
 from mtp_viz.ui.explore import build_explore
 from mtp_viz.ui.gpu import on_gpu
+from mtp_viz.ui.opening import on_first_open
 from mtp_viz.ui.requests import build_request, parse_settings
 from mtp_viz.ui.streaming import run_to_end
 from mtp_viz.ui.theory_tab import build_theory
@@ -92,21 +94,24 @@ def build_app() -> gr.Blocks:
     default_model = model_name(None)
     explore = build_explore(registry, default_model)
     compare = build_compare(registry, default_model)
-    theory = build_theory()
-    bench = build_bench()
-    deploy = build_deploy()
+    theory, theory_opened = build_theory()
+    bench, bench_opened = build_bench()
+    deploy, deploy_opened = build_deploy()
     with gr.Blocks(title=TITLE) as app:
         gr.Markdown(INTRO)
         with gr.Tab("Explore"):
             explore.render()
         with gr.Tab("Compare"):
             compare.render()
-        with gr.Tab("Theory"):
+        with gr.Tab("Theory") as theory_tab:
             theory.render()
-        with gr.Tab("Benchmark"):
+        with gr.Tab("Benchmark") as bench_tab:
             bench.render()
-        with gr.Tab("Deploy?"):
+        with gr.Tab("Deploy?") as deploy_tab:
             deploy.render()
+        on_first_open(theory_tab, theory_opened)
+        on_first_open(bench_tab, bench_opened)
+        on_first_open(deploy_tab, deploy_opened)
         gr.api(api_run, api_name="run", concurrency_limit=4)
         gr.api(api_compare, api_name="compare", concurrency_limit=2)
     return app

@@ -6,6 +6,7 @@ import pandas as pd
 
 from mtp_viz.errors import UserError
 from mtp_viz.ui import notes
+from mtp_viz.ui.opening import OnOpen
 from mtp_viz.ui.results import FIRST_RESULTS, example_results, first, measured_on, read_summary
 from mtp_viz.viz import figures
 from mtp_viz.viz.tables import bench_table
@@ -22,7 +23,8 @@ def views(summary: pd.DataFrame, strategies: list[str] | None = None):
     )
 
 
-def build_bench() -> gr.Blocks:
+def build_bench() -> tuple[gr.Blocks, list[OnOpen]]:
+    """The tab, and what it draws when first opened (the app wires that to the tab's selection)."""
     examples = first(example_results(), FIRST_RESULTS)
     with gr.Blocks() as tab:
         gr.Markdown(notes.BENCH)
@@ -63,8 +65,11 @@ def build_bench() -> gr.Blocks:
             return views(read_summary(path), strategies[: figures.MAX_SERIES])[1:4]
 
         outputs = [current, where, chosen, table, speed, accepted, pareto, lossy]
-        example.change(lambda name: show(examples.get(name)), example, outputs, api_visibility="private")
+
+        def show_example(name):
+            return show(examples.get(name))
+
+        example.change(show_example, example, outputs, api_visibility="private")
         upload.upload(show, upload, outputs, api_visibility="private")
         chosen.input(redraw, [current, chosen], [speed, accepted, pareto], api_visibility="private")
-        tab.load(lambda name: show(examples.get(name)), example, outputs, api_visibility="private")
-    return tab
+    return tab, [OnOpen(show_example, [example], outputs)]

@@ -26,33 +26,42 @@ def owners(name: str) -> set[str]:
     return {n for n, s in STRATEGIES.items() if name in {f.name for f in fields(s.settings_cls)}}
 
 
-def control(f: Field) -> gr.components.Component:
+def control(f: Field, value=None, visible: bool = False) -> gr.components.Component:
+    """The control of setting `f` (its kind from the field's default), holding `value` if given."""
     m, default = f.metadata, f.default
+    value = default if value is None else value
     label = m.get("label") or f.name
-    info = m.get("help") or None
+    shown = dict(label=label, info=m.get("help") or None, visible=visible)
     if isinstance(default, bool):
-        return gr.Checkbox(default, label=label, info=info, visible=False)
+        return gr.Checkbox(value, **shown)
     if isinstance(default, int):
         low, high = m.get("low", 0), m.get("high", 0)
         if high - low <= SLIDER_MAX_STEPS:
-            return gr.Slider(low, high, value=default, step=1, label=label, info=info, visible=False)
-        return gr.Number(default, precision=0, minimum=low, maximum=high, label=label, info=info, visible=False)
+            return gr.Slider(low, high, value=value, step=1, **shown)
+        return gr.Number(value, precision=0, minimum=low, maximum=high, **shown)
     if isinstance(default, float):
-        step = m.get("step") or 0.01
-        return gr.Slider(m["low"], m["high"], value=default, step=step, label=label, info=info, visible=False)
+        return gr.Slider(m["low"], m["high"], value=value, step=m.get("step") or 0.01, **shown)
     if m.get("choices"):
-        return gr.Dropdown(list(m["choices"]), value=default, label=label, info=info, visible=False)
-    return gr.Textbox(default, label=label, info=info, visible=False)
+        return gr.Dropdown(list(m["choices"]), value=value, **shown)
+    return gr.Textbox(value, **shown)
 
 
-def build_controls() -> dict[str, gr.components.Component]:
-    """name → control, created in the current Blocks context."""
-    return {name: control(f) for name, f in setting_fields().items()}
+def defaults_here(strategy: str) -> dict:
+    """The strategy's settings on this machine's device (a CPU's or a GPU's); {} for an unknown one."""
+    known = strategy in STRATEGIES
+    return device_defaults(STRATEGIES[strategy].settings_cls, resolve_device(None).type) if known else {}
+
+
+def build_controls(strategy: str = "", values: dict | None = None) -> dict[str, gr.components.Component]:
+    """name → control, created in the current Blocks context: `strategy`'s shown, holding `values`
+    (a recorded run's settings) where given and its defaults here elsewhere; the others hidden."""
+    shown = defaults_here(strategy)
+    shown |= {k: v for k, v in (values or {}).items() if k in shown}
+    return {name: control(f, shown.get(name), name in shown) for name, f in setting_fields().items()}
 
 
 def show_for(strategy: str, names: list[str]) -> list:
     """Updates for the controls `names`: visible with the strategy's default on this machine's
-    device (a CPU's or a GPU's), or hidden."""
-    known = strategy in STRATEGIES
-    defaults = device_defaults(STRATEGIES[strategy].settings_cls, resolve_device(None).type) if known else {}
+    device, or hidden."""
+    defaults = defaults_here(strategy)
     return [gr.update(visible=True, value=defaults[n]) if n in defaults else gr.update(visible=False) for n in names]

@@ -1,9 +1,13 @@
 """The Deploy? tab: per strategy, what a benchmark measured (speedup, quality) beside what it costs
 to deploy (extra models, parameters, memory, training, forwards per token, from the loaded
-objects), and whether the speedup survives load (predicted from this device's B × k timings)."""
+objects), and whether the speedup survives load (predicted from this device's B × k timings).
+
+Pricing loads the target and each strategy's drafter, so nothing here runs on page load: the tab
+draws when a user first opens it, and a results file is priced once per process (per its path,
+modification time and the quality floor)."""
 
 import json
-import tempfile
+from functools import lru_cache
 from pathlib import Path
 
 import gradio as gr
@@ -29,7 +33,10 @@ from mtp_viz.serving.scheduled import auto_schedule, family, longest_fixed
 from mtp_viz.serving.sweep import BASELINE, read_sweep
 from mtp_viz.theory import CONCURRENCY_ASSUMPTIONS
 from mtp_viz.ui import notes
+from mtp_viz.ui.gpu import on_gpu
 from mtp_viz.ui.measure import machine_profile_path
+from mtp_viz.ui.opening import OnOpen
+from mtp_viz.ui.readable import readable
 from mtp_viz.ui.results import (
     example_results,
     first,
@@ -39,6 +46,7 @@ from mtp_viz.ui.results import (
     serving_sweeps,
     shipped_profiles,
 )
+from mtp_viz.ui.temp_files import download_file
 from mtp_viz.viz import figures
 
 THIS_MACHINE = "this machine (measured in the Theory tab)"
@@ -79,7 +87,7 @@ def serving_views(sweep: Path | None, profile: Path | None):
     batch, c = (view.batch_cost, view.draft_costs()) if view else (None, None)
     prefill = view.prefill() if view else None
     table = with_prediction(table, batch, c, prefill)
-    machine = f"{machine_label(meta.get('machine', {}))}, vLLM {meta.get('vllm', '?')}"
+    machine = f"{machine_label(meta.get('machine', {}))}, vLLM {meta.get('vllm') or 'version not recorded'}"
     engine = view is not None and view.engine != "mtp-viz"
     costs = (
         f"the step costs vLLM itself measured ({view.label}: `profile --backend vllm`), its drafters' cost per B"
@@ -95,7 +103,7 @@ def serving_views(sweep: Path | None, profile: Path | None):
         + (", the prompts' prefill added to both sides at the engine's cost of a token" if prefill else "")
         + ". error = (predicted − measured) / measured."
     )
-    shown = table[[c for c in SERVING_COLUMNS if c in table]].round(3)
+    shown = table[[c for c in SERVING_COLUMNS if c in table]]
     return figures.serving_curves(table, machine), shown, schedules_view(table, meta, view), caption
 
 
@@ -133,14 +141,31 @@ def schedules_view(table: pd.DataFrame, meta: dict, view) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=SCHEDULE_COLUMNS)
 
 
+PRICED_KEPT = 64  # priced tables kept per process: results files × quality floors looked at
+
+
+def priced(results: Path, floor: float) -> tuple[pd.DataFrame, str]:
+    """(deploy table, its CSV to download) of a results file at a quality floor, priced once per
+    process for this version of the file."""
+    return price_results(str(results), results.stat().st_mtime_ns, floor)
+
+
+@lru_cache(maxsize=PRICED_KEPT)
+@on_gpu  # the models load on the device a run would use
+def price_results(results: str, mtime_ns: int, floor: float) -> tuple[pd.DataFrame, str]:
+    """`priced` for one version of a results file (cached; `price_results.cache_clear()` forgets)."""
+    table = deploy_table(read_summary(results), results_model(results), floor=floor)
+    csv = download_file(f"deploy-{Path(results).parent.name}.csv", table.to_csv(index=False))
+    return table, str(csv)
+
+
 def views(results: Path | None, profile: Path | None, floor: float = DEFAULT_QUALITY_FLOOR):
-    """(table, CSV path, concurrency figure, caption) for a results folder and a profile."""
+    """(table, CSV path, concurrency figure, caption) for a results folder and a profile; the
+    table in full precision, as the CSV has it."""
     if results is None:
         return pd.DataFrame(), None, figures.concurrency({}, "no results"), "No benchmark results to show."
+    table, csv = priced(results, floor)
     summary = read_summary(results)
-    table = deploy_table(summary, results_model(results), floor=floor)
-    csv = Path(tempfile.mkdtemp(prefix="mtp-viz-deploy-")) / f"deploy-{results.parent.name}.csv"
-    table.to_csv(csv, index=False)
     batch, c, machine = read_batch_profile(profile)
     ranked = within_floor(summary, floor)  # a fast variant with garbage output heads no figure
     chosen = [s for s in figures.best_variants(ranked) if not is_peer(s)]
@@ -148,7 +173,7 @@ def views(results: Path | None, profile: Path | None, floor: float = DEFAULT_QUA
     caption = f"Speed and quality: {measured_on(results)} Load curve: B × k timings measured on {machine}. " + (
         "" if batch else "This profile has no B × k timings: `python -m mtp_viz profile` measures them."
     )
-    return table, str(csv), figures.concurrency(curves, machine), caption
+    return table, csv, figures.concurrency(curves, machine), caption
 
 
 def lossy_under_load(results: Path | None, profile: Path | None) -> pd.DataFrame:
@@ -167,15 +192,14 @@ def lossy_under_load(results: Path | None, profile: Path | None) -> pd.DataFrame
         row = overall.loc[label]
         rows.append(
             {"strategy": label, "agreement with autoregressive": row.get(QUALITY), "measured speedup": row["speedup"]}
-            | {f"predicted, {b} users": round(v, 3) for b, v in speedups.items()}
+            | {f"predicted, {b} users": v for b, v in speedups.items()}
             | {"below 1x from": below if below else "—"}
         )
     return pd.DataFrame(rows)
 
 
-def serving_profiles() -> dict[str, Path]:
+def serving_profiles(found: dict[str, Path]) -> dict[str, Path]:
     """Profiles for the serving section: those measured on a serving engine first (its own costs)."""
-    found = profiles()
     return dict(sorted(found.items(), key=lambda item: read_profile(item[1]).engine == "mtp-viz"))
 
 
@@ -188,7 +212,8 @@ def with_load_figures(examples: dict[str, Path]) -> dict[str, Path]:
     return dict(sorted(examples.items(), key=lambda item: not has[item[0]]))
 
 
-def build_deploy() -> gr.Blocks:
+def build_deploy() -> tuple[gr.Blocks, list[OnOpen]]:
+    """The tab, and what it draws when first opened (the app wires that to the tab's selection)."""
     examples = with_load_figures(example_results())
     shipped = profiles()
     with gr.Blocks() as tab:
@@ -227,7 +252,7 @@ def build_deploy() -> gr.Blocks:
         )
         gr.Markdown(notes.SERVING)
         sweeps = first(serving_sweeps(), FIRST_SWEEP)
-        engine_profiles = serving_profiles()
+        engine_profiles = serving_profiles(shipped)
         with gr.Row():
             sweep = gr.Dropdown(
                 list(sweeps), value=next(iter(sweeps), None), label="Measured on a serving engine (vLLM)"
@@ -245,22 +270,23 @@ def build_deploy() -> gr.Blocks:
 
         def show(name, profile_name, quality_floor):
             try:
-                t, path, fig, text = views(examples.get(name), profiles().get(profile_name), quality_floor)
+                t, path, fig, text = views(examples.get(name), shipped.get(profile_name), quality_floor)
             except UserError as e:
                 raise gr.Error(str(e)) from None
-            return t, gr.DownloadButton(value=path), fig, text
+            return readable(t), gr.DownloadButton(value=path), fig, text
 
         def show_lossy(name, profile_name):
             try:
-                return lossy_under_load(lossy_examples.get(name), profiles().get(profile_name))
+                return readable(lossy_under_load(lossy_examples.get(name), shipped.get(profile_name)))
             except UserError as e:
                 raise gr.Error(str(e)) from None
 
         def show_serving(name, profile_name):
             try:
-                return serving_views(sweeps.get(name), profiles().get(profile_name))
+                fig, shown, recommended, text = serving_views(sweeps.get(name), engine_profiles.get(profile_name))
             except UserError as e:
                 raise gr.Error(str(e)) from None
+            return fig, readable(shown), recommended, text
 
         outputs = [table, csv, curve, caption]
         serving_outputs = [serving_curve, serving_table, schedules, serving_caption]
@@ -268,9 +294,11 @@ def build_deploy() -> gr.Blocks:
             trigger.change(show, [results, profile, floor], outputs, api_visibility="private")
         for trigger in (sweep, serving_profile):
             trigger.change(show_serving, [sweep, serving_profile], serving_outputs, api_visibility="private")
-        tab.load(show, [results, profile, floor], outputs, api_visibility="private")
         for trigger in (lossy_results, profile):
             trigger.change(show_lossy, [lossy_results, profile], lossy, api_visibility="private")
-        tab.load(show_lossy, [lossy_results, profile], lossy, api_visibility="private")
-        tab.load(show_serving, [sweep, serving_profile], serving_outputs, api_visibility="private")
-    return tab
+    opened = [
+        OnOpen(show, [results, profile, floor], outputs),
+        OnOpen(show_lossy, [lossy_results, profile], [lossy]),
+        OnOpen(show_serving, [sweep, serving_profile], serving_outputs),
+    ]
+    return tab, opened

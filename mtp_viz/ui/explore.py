@@ -15,6 +15,7 @@ from mtp_viz.strategies.base import MAX_NEW_TOKENS_LIMIT
 from mtp_viz.trace import Trace
 from mtp_viz.ui import controls, notes
 from mtp_viz.ui.baselines import as_baseline, baseline_key, request_baseline_key
+from mtp_viz.ui.first_look import FIRST_LOOK, control_values, note_html, open_example, recorded_speed
 from mtp_viz.ui.gpu import on_gpu
 from mtp_viz.ui.requests import build_request
 from mtp_viz.ui.results import example_traces
@@ -27,6 +28,7 @@ from mtp_viz.weights import AUTO
 from mtp_viz.weights import CHOICES as WEIGHT_CHOICES
 
 UI_MAX_NEW_TOKENS = min(1024, MAX_NEW_TOKENS_LIMIT)
+DEFAULT_PROMPT = "Explain speculative decoding in two sentences."
 EXAMPLE_CATEGORIES = ("translation", "summarization", "qa", "math_reasoning", "rag", "coding", "writing")
 NEEDS_DRAFT = {n for n, s in STRATEGIES.items() if s.needs_draft}
 
@@ -37,9 +39,6 @@ def example_prompts() -> list[list[str]]:
     for q in spec_bench():
         firsts.setdefault(q["category"], q["turns"][0])
     return [[firsts[c]] for c in EXAMPLE_CATEGORIES if c in firsts]
-
-
-FIRST_LOOK = "prompt-lookup-code-edit"  # the recorded example Explore opens on (assets/examples)
 
 
 def default_strategy(registry: Registry, model: str) -> str:
@@ -65,12 +64,14 @@ def vllm_note() -> str:
     )
 
 
-def first_look_note(name: str, trace: Trace) -> str:
-    return (
-        f"<div class='mv-first-look'>This is a <b>recorded example</b> ({html.escape(name)}: "
-        f"{html.escape(trace.strategy)} on {html.escape(trace.model)}): the coloured tokens, the timeline and the "
-        "replay below are drawn from its trace, with no computation. <b>Run</b> replaces it with your own.</div>"
-    )
+def starting_values(registry: Registry, default_model: str, first: Trace | None) -> dict:
+    """What the run controls start from (named as build_request takes them): the first look's own
+    values where there is one, so they show what it ran; the app's defaults elsewhere."""
+    values = dict(model=default_model, strategy=default_strategy(registry, default_model), settings={})
+    values |= dict(prompt=DEFAULT_PROMPT, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0)
+    values |= dict(raw=False, weights=AUTO) | (control_values(first, registry) if first else {})
+    values.setdefault("draft", (registry.models[values["model"]].drafts or ("",))[0])  # the model's first
+    return values
 
 
 def render(trace: Trace, baselines: dict[str, float]):
@@ -93,34 +94,43 @@ def render(trace: Trace, baselines: dict[str, float]):
 
 def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
     model_choices = [(e.label, e.id) for e in registry.models.values()]
-    first_draft = (registry.models[default_model].drafts or ("",))[0]
+    examples = example_traces()
+    look = open_example(FIRST_LOOK, examples) if FIRST_LOOK in examples else None
+    start = starting_values(registry, default_model, look.trace if look else None)
     with gr.Blocks() as tab:
         trace_state = gr.State(None)
         baselines = gr.State({})  # baseline key → autoregressive tokens/s, per user
         with gr.Row():
             with gr.Column(scale=1, min_width=280):
-                model = gr.Dropdown(model_choices, value=default_model, label="Model (target)", elem_id="mv-model")
+                model = gr.Dropdown(model_choices, value=start["model"], label="Model (target)", elem_id="mv-model")
                 strategy = gr.Dropdown(
-                    list(STRATEGIES),
-                    value=default_strategy(registry, default_model),
-                    label="Strategy",
-                    elem_id="mv-strategy",
+                    list(STRATEGIES), value=start["strategy"], label="Strategy", elem_id="mv-strategy"
                 )
                 draft = gr.Dropdown(
-                    [("(none)", "")] + model_choices, value=first_draft, label="Draft model", visible=False
+                    [("(none)", "")] + model_choices,
+                    value=start["draft"],
+                    label="Draft model",
+                    visible=start["strategy"] in NEEDS_DRAFT,
                 )
-                settings = controls.build_controls()  # setting name → control, shown per strategy
+                # setting name → control, shown per strategy
+                settings = controls.build_controls(start["strategy"], start["settings"])
                 max_new = gr.Slider(
-                    1, UI_MAX_NEW_TOKENS, value=64, step=1, label=f"Max new tokens (limit {UI_MAX_NEW_TOKENS})"
+                    1,
+                    UI_MAX_NEW_TOKENS,
+                    value=start["max_new_tokens"],
+                    step=1,
+                    label=f"Max new tokens (limit {UI_MAX_NEW_TOKENS})",
                 )
-                temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
-                top_k = gr.Number(0, precision=0, minimum=0, label="Top-k (0 = off)")
-                top_p = gr.Slider(0.01, 1.0, value=1.0, step=0.01, label="Top-p (1 = off)")
-                seed = gr.Number(0, precision=0, minimum=0, label="Seed")
-                raw = gr.Checkbox(False, label="Raw prompt (no chat template)")
+                temperature = gr.Slider(
+                    0.0, 2.0, value=start["temperature"], step=0.05, label="Temperature (0 = greedy)"
+                )
+                top_k = gr.Number(start["top_k"], precision=0, minimum=0, label="Top-k (0 = off)")
+                top_p = gr.Slider(0.01, 1.0, value=start["top_p"], step=0.01, label="Top-p (1 = off)")
+                seed = gr.Number(start["seed"], precision=0, minimum=0, label="Seed")
+                raw = gr.Checkbox(start["raw"], label="Raw prompt (no chat template)")
                 weights = gr.Radio(
                     list(WEIGHT_CHOICES),
-                    value=AUTO,
+                    value=start["weights"],
                     label="Weights",
                     info="auto: the fastest format here that agrees with fp32 on ≥ 99% of greedy tokens "
                     "(measured once); q4 keeps the shipped GGUF's 4-bit codes",
@@ -143,7 +153,7 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
                 prompt = gr.Textbox(
                     label=f"Prompt (up to {MAX_PROMPT_CHARS:,} characters)",
                     lines=5,
-                    value="Explain speculative decoding in two sentences.",
+                    value=start["prompt"],
                     elem_id="mv-prompt",
                 )
                 gr.Examples(example_prompts(), [prompt], label="Spec-Bench examples (Apache-2.0)")
@@ -175,7 +185,7 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
         gr.Markdown(notes.REPLAY)
         with gr.Row():
             download = gr.File(label="Download this run's trace (JSON)", interactive=False)
-            example = gr.Dropdown(list(example_traces()), value=None, label="…or open an example trace")
+            example = gr.Dropdown(list(examples), value=None, label="…or open an example trace")
             upload = gr.File(
                 label=f"Open a trace (JSON, ≤ {MAX_TRACE_BYTES // 2**20} MB)",
                 file_types=[".json"],
@@ -284,18 +294,20 @@ def build_explore(registry: Registry, default_model: str) -> gr.Blocks:
         prev_btn.click(lambda t, i: shift(t, i, -1), [trace_state, step_slider], step_slider, api_visibility="private")
         next_btn.click(lambda t, i: shift(t, i, +1), [trace_state, step_slider], step_slider, api_visibility="private")
         upload.upload(open_trace, [upload, baselines], outputs, api_visibility="private")
-        example.change(
-            lambda name, b: render(Trace.load(example_traces()[name]), b) if name else (*[gr.skip()] * 10,),
-            [example, baselines],
-            outputs,
-            api_visibility="private",
-        )
-        examples = example_traces()
-        if FIRST_LOOK in examples:  # first paint: a recorded example, already drawn
 
-            def first_paint(b):
-                trace = Trace.load(examples[FIRST_LOOK])
-                return (first_look_note(FIRST_LOOK, trace), *render(trace, b))
+        def show_example(name, baselines):
+            """An example trace, with the speedup over the autoregressive run recorded beside it
+            (kept out of the session's baselines: a run here measures its own)."""
+            if not name:
+                return (*[gr.skip()] * 10,)
+            shown = open_example(name, examples)
+            return render(shown.trace, baselines | recorded_speed(shown))
+
+        example.change(show_example, [example, baselines], outputs, api_visibility="private")
+        if look is not None:  # first paint: the recorded example, drawn from its trace (no model)
+
+            def first_paint(baselines):
+                return (note_html(look), *render(look.trace, baselines | recorded_speed(look)))
 
             tab.load(first_paint, baselines, [first_look, *outputs], api_visibility="private")
     return tab

@@ -11,7 +11,9 @@ from mtp_viz.linear_plan import BY_COMMAND, describe_record, machine_records
 from mtp_viz.profile import read_profile
 from mtp_viz.theory import expected_tokens, measured_point, optimal_gamma, speedup
 from mtp_viz.ui import notes
+from mtp_viz.ui.gpu import on_gpu
 from mtp_viz.ui.measure import machine_profile_path, measure_machine, remeasure_linear_plan
+from mtp_viz.ui.opening import OnOpen
 from mtp_viz.ui.results import FIRST_PROFILE, example_traces, first, shipped_profiles
 from mtp_viz.ui.trace_files import read_uploaded_trace
 from mtp_viz.viz import figures
@@ -47,7 +49,8 @@ def numbers_html(alpha: float, gamma: int, c: float, verify_cost, label: str = "
     return "<br>".join(lines)
 
 
-def build_theory() -> gr.Blocks:
+def build_theory() -> tuple[gr.Blocks, list[OnOpen]]:
+    """The tab, and what it draws when first opened (the app wires that to the tab's selection)."""
     profiles = first(shipped_profiles(), FIRST_PROFILE)
     with gr.Blocks() as tab:
         gr.Markdown(notes.THEORY)
@@ -102,6 +105,7 @@ def build_theory() -> gr.Blocks:
                 figures.exit_agreement_bars(chosen.exits if chosen else None),
             )
 
+        @on_gpu
         def run_measurement():
             """This machine's verify-cost curve, measured in the app (cached for later visits)."""
             try:
@@ -113,6 +117,7 @@ def build_theory() -> gr.Blocks:
             except UserError as e:
                 raise gr.Error(str(e)) from None
 
+        @on_gpu
         def run_retune():
             """The linear plan measured again in the app (cached, and used by the loaded model)."""
             try:
@@ -131,9 +136,7 @@ def build_theory() -> gr.Blocks:
         stop.click(lambda: "Measurement stopped.", None, measured, cancels=[measuring], api_visibility="private")
         retuning = retune.click(run_retune, None, plans, api_visibility="private")
         retune_stop.click(plans_note, None, plans, cancels=[retuning], api_visibility="private")
-        tab.load(update, inputs, outputs, api_visibility="private")
-        tab.load(plans_note, None, plans, api_visibility="private")
-    return tab
+    return tab, [OnOpen(update, inputs, outputs), OnOpen(plans_note, [], [plans])]
 
 
 def _measured_note(path: str) -> str:

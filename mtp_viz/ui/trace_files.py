@@ -1,21 +1,20 @@
-"""Traces in and out of the app as files: a download written under a name of ours, an upload
-checked for size, encoding and schema before it becomes a Trace."""
+"""Traces in and out of the app as files: a download written under a name of ours (in the app's
+temporary folder, once per content), an upload checked for size, encoding and schema before it
+becomes a Trace."""
 
-import tempfile
 from pathlib import Path
 
 from mtp_viz.errors import InvalidTraceError
 from mtp_viz.trace import Trace
+from mtp_viz.ui.temp_files import download_file
 
 MAX_TRACE_BYTES = 8 * 1024 * 1024  # uploads above this are refused
 
 
 def trace_file(trace: Trace) -> str:
-    """Write a trace to a fresh temporary file for download; the name is ours, never the user's."""
-    folder = Path(tempfile.mkdtemp(prefix="mtp-viz-"))
-    path = folder / f"trace-{trace.strategy}-{trace.model}.json".replace("/", "_")
-    trace.save(path)
-    return str(path)
+    """A trace as a file to download; the name is ours, never the user's."""
+    name = f"trace-{trace.strategy}-{trace.model}.json".replace("/", "_")
+    return str(download_file(name, trace.to_json(indent=1)))
 
 
 def read_uploaded_trace(path: str | None) -> Trace:
