@@ -3,8 +3,11 @@
 import copy
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -14,9 +17,16 @@ from crash_safe import pytest_runtest_protocol, pytest_xdist_make_scheduler  # n
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from mtp_viz.clock import Clock
+from mtp_viz.gguf_codes import CACHE_VERSION as CODES_VERSION
+from mtp_viz.loading.sources import CONVERTED_FROM
+from mtp_viz.paths import CACHE_ENV, cache_root
+from mtp_viz.registry import load_registry
 from mtp_viz.serving.server import PYTHON_ENV
 from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.base import DecodeContext, GenerationSettings
+
+SUITE_CACHE_ENV = "MTP_VIZ_SUITE_CACHE"  # this run's cache folder (suite_cache), inherited by its workers
+CODES_FOLDER = "weights"  # where mtp_viz.gguf_codes keeps a GGUF's 4-bit codes in the cache
 
 TINY_CONFIGS = {
     "llama-2l": (
@@ -248,25 +258,83 @@ def use_tiny_registry(tiny_registry, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def served_app(tiny_registry):
-    """The whole Gradio app on a free local port, with the tiny models as its registry."""
+def served_blocks(tiny_registry):
+    """The whole Gradio app, launched in this process on a free local port, with the tiny models as
+    its registry."""
     os.environ["MTP_VIZ_MODELS"] = str(tiny_registry)
     from mtp_viz.ui.app import build_app
 
     app = build_app().queue()
     app.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True)
     try:
-        yield app.local_url
+        yield app
     finally:
         app.close()
         del os.environ["MTP_VIZ_MODELS"]
 
 
+@pytest.fixture(scope="module")
+def served_app(served_blocks) -> str:
+    """The served app's URL."""
+    return served_blocks.local_url
+
+
+def wait_until_idle(app, stable_s: float = 1.0, timeout_s: float = 120.0) -> None:
+    """Wait until a served app has no event queued or running, `stable_s` on end: every handler
+    that a page load or a click started has finished (one a hidden tab runs too)."""
+    idle_since = None
+
+    def idle() -> bool:
+        nonlocal idle_since
+        busy = len(app._queue) > 0 or app._queue.get_active_worker_count() > 0
+        idle_since = None if busy else (idle_since or time.monotonic())
+        return idle_since is not None and time.monotonic() - idle_since >= stable_s
+
+    if not until(idle, timeout_s):
+        pytest.fail(f"the app was still busy after {timeout_s:.0f} s", pytrace=False)
+
+
 def pytest_configure(config):
     """Under pytest-xdist (the suite runs a worker per core) each worker runs torch on one thread:
-    two workers of two threads each on two cores would only queue behind each other."""
+    two workers of two threads each on two cores would only queue behind each other. Every test
+    runs on the suite's own cache folder (suite_cache)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
+    suite_cache(config)
+
+
+def suite_cache(config) -> None:
+    """Point MTP_VIZ_CACHE at a folder of this run's own, so that no result depends on what an
+    earlier run, or the user, left in the cache: the run's first process (pytest-xdist's
+    controller, or the only one) makes it, its workers inherit it through SUITE_CACHE_ENV and
+    share it (what one measures or converts, the others reuse), and the maker deletes it at the
+    end. Measured records (kernel and row plans, the weight format chosen) start empty; only the
+    files that are functions of a shipped GGUF alone are seeded from the user's cache
+    (seed_from), as the app itself would reuse them."""
+    given = os.environ.get(SUITE_CACHE_ENV)
+    if given:
+        os.environ[CACHE_ENV] = given
+        return
+    folder = Path(tempfile.mkdtemp(prefix="mtp-viz-suite-cache-"))
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    seed_from(cache_root(), folder)
+    os.environ[SUITE_CACHE_ENV] = os.environ[CACHE_ENV] = str(folder)
+
+
+def seed_from(user_cache: Path, folder: Path) -> None:
+    """Copy into `folder` what in `user_cache` depends only on a GGUF file the registry ships: its
+    conversion into a model directory (mtp_viz.loading.sources.convert_gguf: ~25 s to redo,
+    marked with the GGUF's name) and its 4-bit codes (mtp_viz.gguf_codes: keyed by the file's name
+    and size and the codes' format version). Copies, not links: nothing a test writes can reach the
+    user's files."""
+    for entry in load_registry().models.values():
+        shipped = {s.file for s in entry.sources if s.kind == "gguf_wheel"}
+        marker = user_cache / entry.id / CONVERTED_FROM
+        if shipped and marker.is_file() and json.loads(marker.read_text()).get("gguf") in shipped:
+            shutil.copytree(user_cache / entry.id, folder / entry.id)
+    for codes in (user_cache / CODES_FOLDER).glob(f"q4-codes-v{CODES_VERSION}-*.safetensors"):
+        (folder / CODES_FOLDER).mkdir(exist_ok=True)
+        shutil.copy2(codes, folder / CODES_FOLDER / codes.name)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -279,6 +347,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 FAKE_VLLM = Path(__file__).with_name("fake_vllm.py")
+POLL_S = 0.05  # how often a test waiting on a condition asks again
 
 
 @pytest.fixture
@@ -293,11 +362,27 @@ def fake_vllm(tmp_path, monkeypatch):
     return pids
 
 
-def gone(pids: list[int], timeout: float = 10.0) -> bool:
-    """Whether these processes have all exited (zombies count as gone) within `timeout`."""
+def running(process: int | psutil.Process) -> bool:
+    """Whether a process (a pid, or a psutil.Process: then that very process, not a later one given
+    its pid) still runs: one that has exited (a zombie not yet reaped too), or that vanishes while
+    it is being asked about, does not."""
+    try:
+        process = process if isinstance(process, psutil.Process) else psutil.Process(process)
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def gone(processes: list[int] | list[psutil.Process], timeout: float = 10.0) -> bool:
+    """Whether these processes have all stopped running within `timeout`."""
+    return until(lambda: not any(running(p) for p in processes), timeout)
+
+
+def until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Whether `condition()` comes true within `timeout` (asked at once, then every POLL_S)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
-            return True
-        time.sleep(0.1)
-    return False
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+    return True

@@ -5,20 +5,35 @@ It takes the same arguments, starts a grandchild (as vLLM starts its engine), wr
 $FAKE_VLLM_PIDS, and by $FAKE_VLLM_MODE: `ok` serves /health, /v1/models and /version; `die`
 exits with an error line; `segfault` dies by SIGSEGV; `hang` never becomes healthy. A completion
 streams the token ids in $FAKE_VLLM_TOKENS (default 5,6,7) one per chunk, as vLLM streams plain
-decoding; /metrics is empty.
+decoding; with FAKE_VLLM_TOKENS=hashed the ids are drawn from a hash of the request's prompt and
+sampling settings, as a deterministic server answers: the same request always the same, another
+prompt something else. /metrics is empty.
 With $FAKE_VLLM_DIE_AFTER=N the server dies (its engine child left behind) after N completions."""
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+HASHED = "hashed"
+HASHED_IDS = range(4, 28)  # the words of the tests' tiny vocabulary (conftest.make_tokenizer), valid in any
+
 
 def arg(name: str) -> str:
     return sys.argv[sys.argv.index(name) + 1]
+
+
+def answer(request: dict) -> list[int]:
+    """The token ids a completion request gets (see the module's docstring)."""
+    given = os.environ.get("FAKE_VLLM_TOKENS", "5,6,7")
+    if given == HASHED:
+        rng = random.Random(json.dumps([request["prompt"], request.get("temperature"), request.get("seed")]))
+        return [rng.choice(HASHED_IDS) for _ in range(request["max_tokens"])]
+    return [int(t) for t in given.split(",")][: request["max_tokens"]]
 
 
 def main() -> None:
@@ -59,8 +74,7 @@ def main() -> None:
 
         def do_POST(self):
             request = json.loads(self.rfile.read(int(self.headers["content-length"])))
-            tokens = [int(t) for t in os.environ.get("FAKE_VLLM_TOKENS", "5,6,7").split(",")]
-            tokens = tokens[: request["max_tokens"]]
+            tokens = answer(request)
             chunks = [{"choices": [{"index": 0, "text": "", "token_ids": [t], "finish_reason": None}]} for t in tokens]
             chunks[0]["choices"][0]["prompt_token_ids"] = request["prompt"]
             chunks.append({"choices": [], "usage": {"completion_tokens": len(tokens)}, "metrics": {}})

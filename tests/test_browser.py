@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_until_idle
 from optional import require
 
 from mtp_viz.trace import Trace
 
 CHROMIUM = "/usr/bin/chromium"
+WAIT_MS = 60_000  # the longest a page is given to draw what a test waits for
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 pytestmark = pytest.mark.slow
 
@@ -27,7 +29,9 @@ def browser_installed():
 
 
 @pytest.fixture
-def page(served_app):
+def page(served_blocks, served_app):
+    """A fresh page on the app once Explore's first look is drawn and its handler has ended, so
+    nothing a test does is overwritten by that first paint."""
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -50,7 +54,10 @@ def page(served_app):
         page.on("dialog", lambda d: (alerts.append(d.message), d.dismiss()))
         page.alerts = alerts
         page.goto(served_app)
-        page.wait_for_selector("text=Run", timeout=30_000)
+        page.wait_for_selector("#mv-first-look .mv-first-look", timeout=WAIT_MS)
+        page.wait_for_selector("#mv-token-view .mv-tok", timeout=WAIT_MS)
+        wait_until_idle(served_blocks)
+        page.served = served_blocks
         yield page
         browser.close()
 
@@ -68,10 +75,9 @@ def _wait_for_own_run(page) -> None:
 
 def test_first_look_is_a_drawn_example(page):
     """Before any Run, Explore shows a recorded example: tokens, timeline and replay, and says so."""
-    page.wait_for_selector("#mv-first-look .mv-first-look", timeout=30_000)
     assert "recorded example" in page.locator("#mv-first-look").inner_text()
-    page.wait_for_selector("#mv-token-view .mv-tok", timeout=30_000)
-    page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 3", timeout=30_000)
+    assert page.locator("#mv-token-view .mv-tok").count() > 3
+    assert len(_settled_figures(page, "Explore")) >= 3
     page.screenshot(path=str(ARTIFACTS / "first-look.png"), full_page=True)
 
 
@@ -182,6 +188,8 @@ WIDE_HTML_JS = """() => Array.from(document.querySelectorAll('.mv-detail'))
                (e.closest('.block') || document.body).getBoundingClientRect().right + 2)
   .map(e => e.className || e.tagName)"""
 TABS = ("Explore", "Compare", "Theory", "Benchmark", "Deploy?")
+OPENS_WITHOUT_FIGURES = {"Compare"}  # its figures are drawn by a comparison
+SETTLE_LOOK_MS = 400  # between two looks at a tab's figures
 POINTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
   .filter(p => p.offsetParent !== null)
   .map(p => ({
@@ -195,25 +203,28 @@ def test_every_tab_opens_on_figures_that_hold_data(page):
     profiles) draw points: no figure a newcomer sees first is empty."""
     for tab in TABS:
         page.get_by_role("tab", name=tab).click()
-        if tab == "Deploy?":
-            page.wait_for_selector("#mv-deploy-load .js-plotly-plot", timeout=60_000)
-        _settled_figures(page)
-        empty = [f["title"] for f in page.evaluate(POINTS_JS) if f["points"] == 0]
+        figures = _settled_figures(page, tab)
+        assert bool(figures) == (tab not in OPENS_WITHOUT_FIGURES), f"{tab} opens on {len(figures)} figures"
+        points = page.evaluate(POINTS_JS)
+        assert len(points) == len(figures), (tab, points, figures)
+        empty = [f["title"] for f in points if f["points"] == 0]
         assert not empty, f"{tab} opens on figures with no data: {empty}"
 
 
-def _settled_figures(page, timeout_s: float = 30.0) -> list:
-    """The tab's figures once laid out: drawn, and the same in two looks a frame batch apart
-    (plotly lays a plot out again after its tab shows)."""
+def _settled_figures(page, tab: str, timeout_s: float = 30.0) -> list:
+    """The shown tab's figures once drawn and laid out: every handler the app was running has
+    ended (a tab's opening draws its figures), and two looks a frame batch apart agree (plotly lays
+    a plot out again after its tab shows). Fails when they never settle."""
+    wait_until_idle(page.served)
     deadline = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < deadline:
         figures = page.evaluate(FIGURES_JS)
-        if figures and figures == last:
+        if figures == last:
             return figures
         last = figures
-        page.wait_for_timeout(400)
-    return last or []
+        page.wait_for_timeout(SETTLE_LOOK_MS)
+    pytest.fail(f"{tab}: the figures were still changing after {timeout_s:.0f} s: {last}", pytrace=False)
 
 
 @pytest.mark.parametrize("width", [1400, 900])
@@ -230,9 +241,7 @@ def test_every_tab_is_readable_after_a_run(page, width):
         if tab == "Compare":
             page.get_by_role("button", name="Compare", exact=True).click()
             page.wait_for_selector("#mv-verdicts li", timeout=90_000)
-        if tab == "Deploy?":
-            page.wait_for_selector("#mv-deploy-load .js-plotly-plot", timeout=60_000)
-        figures = _settled_figures(page)
+        figures = _settled_figures(page, tab)
         assert figures, f"{tab}: no figure drawn"
         for f in figures:
             assert f["right"] <= min(f["frameRight"], f["page"]) + 2 and f["left"] >= f["frameLeft"] - 2, (tab, f)

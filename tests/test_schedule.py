@@ -3,10 +3,10 @@ table in vLLM's form, and the serving engine's step-cost fit."""
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
+from optional import require
 
 from mtp_viz.errors import UserError
 from mtp_viz.profile import ProfileView
@@ -27,11 +27,12 @@ from mtp_viz.schedule import (
 from mtp_viz.serving.engine_profile import fit_step
 from mtp_viz.serving.in_vllm.forced_drafts import CODE_BASE, ForcedDrafts, draft_length
 from mtp_viz.serving.scheduled import auto_schedule, scheduled_label, split_label
+from mtp_viz.serving.server import VLLM_VENV
 
 CHEAP = {1: 1.0, 2: 1.02, 3: 1.04, 4: 1.06, 6: 1.5, 8: 2.0}  # a step that barely grows with its rows
 LINEAR = {k: float(k) for k in CHEAP}  # every verified token as dear as a step: speculation never pays
 LOOKUP = Acceptance(positions=(0.8, 0.6, 0.45), drafting=1.0, fill=1.0, draft_forwards=False)
-VLLM_UTILS = next(Path(".venv-vllm/lib").glob("python*/site-packages/vllm/v1/spec_decode/dynamic/utils.py"), None)
+VLLM_UTILS = "lib/python*/site-packages/vllm/v1/spec_decode/dynamic/utils.py"  # vLLM's schedule lookup, in .venv-vllm
 
 
 def costs(cheap_up_to: int = 7, sizes=range(1, 9)) -> StepCosts:
@@ -93,9 +94,10 @@ def test_tables_vllm_would_refuse_are_refused_here(text, why):
         parse_table(text)
 
 
-@pytest.mark.skipif(VLLM_UTILS is None, reason="vLLM is not installed in .venv-vllm")
 def test_vllms_own_lookup_reads_our_table_as_we_do():
-    spec = importlib.util.spec_from_file_location("vllm_dynamic_sd_utils", VLLM_UTILS)
+    found = next(VLLM_VENV.glob(VLLM_UTILS), None)  # the repository's .venv-vllm, wherever pytest runs
+    require(found is not None, "vLLM (.venv-vllm) with its dynamic schedule", "bash scripts/setup.sh --vllm")
+    spec = importlib.util.spec_from_file_location("vllm_dynamic_sd_utils", found)
     utils = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(utils)  # the file imports nothing: its functions run here as in vLLM
     table = ((1, 2, 3), (3, 8, 1), (9, 16, 0))

@@ -9,6 +9,7 @@ import time
 
 import psutil
 import pytest
+from conftest import running
 from optional import require
 
 from mtp_viz.serving import pool
@@ -43,6 +44,6 @@ def test_a_second_explore_run_on_vllm_answers_its_first_token_within_5_s():
     (first, _, reused_first), (second, _, reused_second) = runs
     assert not reused_first and reused_second, "the second run should reuse the first run's server"
     assert second < SECOND_RUN_FIRST_TOKEN_S, f"the second run's first token came after {second:.1f} s"
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    assert not any(running(p) for p in pids), "a vLLM process outlived the pool"
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", int(url.rsplit(":", 1)[1]))) != 0, "the server's port is still taken"

@@ -14,6 +14,7 @@ from mtp_viz.trace import BONUS, RESAMPLED, VERDICT_ACCEPTED, VERDICT_REJECTED, 
 
 DATA = Path(__file__).parent / "data" / "vllm"
 EOS = frozenset({2})  # SmolLM2-Instruct's <|im_end|>
+VLLM_DRAFTS = DATA / "prompt_lookup-ngram-drafts.json"  # vLLM's own n-gram proposals along the recorded output
 
 
 def recorded(strategy: str):
@@ -160,20 +161,21 @@ def test_the_load_model_counts_the_eagle_drafters_cost():
 
 def scheduled_reports(c, served, lengths):
     """What vLLM reports for the recorded output when its schedule gives each successive step the
-    draft length in `lengths` (0: a plain step): drafts are the n-gram match's first k ids."""
-    from mtp_viz.serving.traces import _ngram_ids
-
-    out, prompt, config = c.token_ids, c.prompt_token_ids, served.speculative_config
+    draft length in `lengths` (0: a plain step): a step drafts what vLLM's own n-gram proposer
+    proposes there at that length (VLLM_DRAFTS), never what our replay computes."""
+    record = json.loads(VLLM_DRAFTS.read_text())
+    out, drafts = c.token_ids, record["drafts"]
+    assert all(len(d) == len(out) + 1 for d in drafts.values())  # recorded along this very output
+    assert record["config"].items() <= served.speculative_config.items()  # by the server's n-gram settings
     drafted, accepted, placed, pos, i = [], [], [], 1, 0
     while pos < len(out):
-        ids = _ngram_ids(prompt + out[:pos], config, {})
-        k = lengths[i % len(lengths)] if ids else 0
+        k = lengths[i % len(lengths)]
+        kept = drafts[str(k)][pos] if k else []
         i += 1
-        if not k:
+        if not kept:  # a plain step: a length of 0, or no match here
             placed.append((pos, 0))
             pos += 1
             continue
-        kept = ids[:k]
         a = next((j for j, t in enumerate(kept) if pos + j >= len(out) or t != out[pos + j]), len(kept))
         drafted.append(len(kept))
         accepted.append(a)

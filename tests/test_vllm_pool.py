@@ -15,7 +15,7 @@ import time
 
 import psutil
 import pytest
-from conftest import gone
+from conftest import gone, until
 
 from mtp_viz.serving import pool as pool_module
 from mtp_viz.serving.pool import ServerPool
@@ -95,9 +95,7 @@ def test_a_dead_server_is_replaced_on_the_next_run(fake_vllm, tmp_path, pool):
     with pool.lease(config(tmp_path)) as lease:
         dead, dead_pids = lease.server, server_pids(lease.server)
     os.kill(json.loads(fake_vllm.read_text())[0], signal.SIGKILL)  # the server crashes, its engine left behind
-    deadline = time.monotonic() + 10
-    while dead.alive and time.monotonic() < deadline:  # its guard follows within a poll
-        time.sleep(0.1)
+    until(lambda: not dead.alive)  # its guard follows within a poll
     with pool.lease(config(tmp_path)) as lease:
         assert lease.server is not dead and lease.server.alive and not lease.reused
         assert gone(dead_pids), "the crashed server's leftover processes were not stopped"
@@ -106,21 +104,34 @@ def test_a_dead_server_is_replaced_on_the_next_run(fake_vllm, tmp_path, pool):
 
 def test_a_run_waits_for_a_busy_server_and_never_stops_it(fake_vllm, tmp_path, pool):
     """Room for one: a run on the same configuration and one on another both wait their turn."""
-    heard: list[str] = []
-    got: dict[str, object] = {}
+    heard: dict[str, list[str]] = {"same": [], "other": []}
+    got: dict[str, tuple] = {}
+    order: list[str] = []
     with pool.lease(config(tmp_path)) as held:
 
-        def other(name, *extra):
-            with pool.lease(config(tmp_path, *extra), progress=heard.append) as lease:
+        def run(name, *extra):
+            with pool.lease(config(tmp_path, *extra), progress=heard[name].append) as lease:
+                order.append(name)
                 got[name] = (lease.server, lease.reused)
 
-        same = threading.Thread(target=other, args=("same",))
-        same.start()
-        time.sleep(1.5)
-        assert same.is_alive() and "waiting for another run" in heard[-1]
-        assert held.server.alive
-    same.join(10)
-    assert got["same"] == (held.server, True)
+        waiting = [
+            threading.Thread(target=run, args=("same",)),
+            threading.Thread(target=run, args=("other", "--tag", "b")),
+        ]
+        for thread in waiting:
+            thread.start()
+        told = until(lambda: all(any("waiting for another run" in m for m in h) for h in heard.values()))
+        assert told, f"both runs should say they wait: {heard}"
+        assert all(t.is_alive() for t in waiting) and not got and held.server.alive
+    for thread in waiting:
+        thread.join(30)
+    assert sorted(order) == ["other", "same"], "both runs should get their turn once the held one ends"
+    other_server, other_reused = got["other"]
+    assert other_server is not held.server and not other_reused  # its own configuration: a server of its own
+    if order[0] == "same":  # the held server was still there for it
+        assert got["same"] == (held.server, True)
+    else:  # "other" took the only room first, stopping the idle held server; "same" started anew
+        assert got["same"][0] is not held.server and not got["same"][1]
 
 
 def test_a_waiting_run_can_be_stopped(fake_vllm, tmp_path, pool):

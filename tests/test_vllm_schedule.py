@@ -4,12 +4,14 @@ server (tests/fake_vllm.py): what is asked of vLLM, what is written, and that ev
 import json
 
 import pandas as pd
+from conftest import gone
+from fake_vllm import HASHED
 
 from mtp_viz.__main__ import main
 from mtp_viz.profile import read_profile
 from mtp_viz.serving.engine_profile import DRAFTS
-from mtp_viz.serving.sweep import read_sweep
-from tests.conftest import gone
+from mtp_viz.serving.sweep import read_sweep, trace_folder
+from mtp_viz.trace import Trace
 
 
 def test_profile_on_vllm_writes_the_engines_step_costs_in_the_profile_format(fake_vllm, use_tiny_registry, tmp_path):
@@ -28,9 +30,14 @@ def test_profile_on_vllm_writes_the_engines_step_costs_in_the_profile_format(fak
     assert gone(json.loads(fake_vllm.read_text()))
 
 
-def test_bench_serves_a_schedule_beside_the_fixed_length_and_plain_decoding(fake_vllm, use_tiny_registry, tmp_path):
+def test_bench_serves_a_schedule_beside_the_fixed_length_and_plain_decoding(
+    fake_vllm, use_tiny_registry, tmp_path, monkeypatch
+):
+    """The scheduled server is asked what plain decoding was asked: the stand-in answers each prompt
+    differently (a hash of the request), so an answer to another request is not identical."""
+    monkeypatch.setenv("FAKE_VLLM_TOKENS", HASHED)
     out = tmp_path / "sweep"
-    args = ["bench", "--backend", "vllm", "--model", "tiny", "--strategies", "prompt_lookup", "--limit", "1"]
+    args = ["bench", "--backend", "vllm", "--model", "tiny", "--strategies", "prompt_lookup", "--limit", "2"]
     args += ["--categories", "writing", "--max-new-tokens", "3", "--concurrency", "1,2", "--no-compare-ours"]
     assert main([*args, "--schedule", "1-1:2,2-32:0", "--out", str(out)]) == 0
     table, meta = read_sweep(out)
@@ -47,6 +54,8 @@ def test_bench_serves_a_schedule_beside_the_fixed_length_and_plain_decoding(fake
     )
     assert config["num_speculative_tokens"] == 2 and config["method"] == "ngram"
     assert config["num_speculative_tokens_per_batch_size"] == [[1, 1, 2], [2, 32, 0]]
+    plain = [Trace.load(t).output_token_ids for t in sorted(trace_folder(out, "autoregressive", 1).iterdir())]
+    assert len(plain) == 2 and plain[0] != plain[1]  # two prompts, two answers: identity can fail
     assert (table.loc[table["strategy"] == label, "identical_to_ar"] == 1.0).all()
     assert gone(json.loads(fake_vllm.read_text()))
 

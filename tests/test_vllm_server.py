@@ -15,6 +15,7 @@ import httpx
 import psutil
 import pytest
 import torch
+from conftest import running
 from optional import require
 
 from mtp_viz.drafters.eagle3 import Eagle3Config, Eagle3Drafter, save_eagle3
@@ -52,7 +53,7 @@ def served():
         yield p, server
         url = server.url
     port = int(url.rsplit(":", 1)[1])
-    assert not any(psutil.pid_exists(pid) for pid in pids), "a vLLM process outlived its server"
+    assert not any(running(pid) for pid in pids), "a vLLM process outlived its server"
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0, "the server's port is still taken"
 
