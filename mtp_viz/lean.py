@@ -1,18 +1,14 @@
 """The lean forward: a Llama-family decoder run over a preallocated KV cache, without
-transformers' per-call machinery.
-
-transformers' `model.forward` spends as much time per call on masks, positions, cache objects and
-output dataclasses as a small model on its arithmetic (20 of ~75 ms, SmolLM2-135M on 2 CPU cores).
+transformers' per-call machinery (20 of ~75 ms a call, SmolLM2-135M on 2 CPU cores).
 
 As in gpt-fast's model.py, a block is `h = x + attention(norm(x))` then `h + mlp(norm(h))`, over
 the model's own norms, rotary tables and head; its four products are projections chosen before
-the model runs (mtp_viz.projections: fused, LoRA stacked on, or the model's own modules), so the
-forward reads the same whatever they are. The cache (mtp_viz.kv_slots.StaticKV) is one tensor per
-model: extend writes in place, rollback is a length. A strategy's target attends one row at a time
-after the prompt (`run`'s exact_from): a batched attention call's rows differ from one-token calls
-by ~1e-7, enough for bfloat16 products to tip a near-tie. As in gpt-fast's generate.py, a compiled
-forward (`LeanModel.compile`: CUDA graphs on a GPU, inductor on a CPU) attends over the whole
-capacity under a mask, so one graph serves every step (the capacity grows by doubling, rarely).
+the model runs (mtp_viz.projections: fused, LoRA stacked on, or the model's own modules). The cache
+(mtp_viz.kv_slots.StaticKV) is one tensor per model: extend writes in place, rollback is a length.
+Eager, a strategy's target attends one row at a time after the prompt (`run`'s exact_from): a
+batched attention call's rows differ from one-token calls by ~1e-7, enough to tip a near-tie.
+Compiled (`LeanModel.compile`), a CPU runs the static layer graph (mtp_viz.static: every row exact
+by construction), a GPU the layer loop under CUDA graphs over the whole capacity under a mask.
 
 Supported: decoder layers of the Llama family (Llama, Qwen2, Mistral without a sliding window) with
 a static rotary embedding. Anything else runs on transformers' own forward (`supports` says why).
@@ -20,7 +16,6 @@ a static rotary embedding. Anything else runs on transformers' own forward (`sup
 
 import logging
 import shutil
-import time
 import weakref
 from collections.abc import Callable
 
@@ -29,9 +24,10 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import PreTrainedModel
 
+from mtp_viz import cuda_graphs, static
 from mtp_viz.kv_slots import RowKeys, StaticKV, visibility
 from mtp_viz.projections import Projections, StaticGate, held_modules, projections
-from mtp_viz.visibility import causal
+from mtp_viz.static import CompileUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +56,6 @@ def supports(model: PreTrainedModel) -> str | None:
     if getattr(decoder.rotary_emb, "rope_type", "default") not in SUPPORTED_ROPE:
         return f"rotary embedding {decoder.rotary_emb.rope_type!r} depends on the sequence length"
     return None
-
-
-class CompileUnavailable(RuntimeError):
-    """torch.compile cannot run here; the eager lean forward is used."""
 
 
 def compile_unavailable(device: torch.device) -> str | None:
@@ -164,8 +156,9 @@ class LeanModel:
         # the same blocks with the LoRA adapters stacked on; None without adapters
         stacked = [Block(layer, lora or p, config) for layer, (p, lora) in zip(self.layers, made, strict=True)]
         self.adapted = stacked if any(lora is not None for _, lora in made) else None
-        self.compiled = False  # whether `run` uses `graph`, the compiled `loop` (made once, by `compile`)
-        self.graph: Callable | None = None
+        self.compiled = False  # whether `run` uses a compiled form (made once, by `compile`):
+        self.static: static.StaticForward | None = None  # on a CPU: the layer graph compiled ahead of time
+        self.graph: Callable | None = None  # on a GPU: the `loop` under torch.compile and CUDA graphs
 
     def current(self) -> bool:
         """False once the model is gone, a module it runs by was replaced (`held_modules`), or the
@@ -232,11 +225,15 @@ class LeanModel:
         hidden_states[k]; an EAGLE-3 drafter's features): (S, H) each, in tap order. The loop runs in
         segments between the taps over the same mask and cache: each row as untapped, bit for bit."""
         s, end = hidden.shape[0], start + hidden.shape[0]
-        exact = exact_from is not None and not self.compiled
+        adapted = self.adapters_on()
+        if self.compiled and self.static is not None and not adapted and self.static.fits(s):
+            kv.ensure(end)  # every row exact by construction (mtp_viz.static), prompt rows included
+            return self.static.run(hidden, positions, kv, start, allowed, *(layers or (0, len(self.blocks))), taps)
+        exact = exact_from is not None and not (self.compiled and self.graph is not None)
         if exact and start < exact_from < end:  # the prompt's prefill first, batched
             m = exact_from - start
             seen = None if allowed is None else allowed[:m, : start + m]
-            done, done_taps = self.run_tapped(hidden[:m], positions[:m], kv, start, seen, taps, layers)
+            done, done_taps = self.run_tapped(hidden[:m], positions[:m], kv, start, seen, taps, layers, None)
             rest = None if allowed is None else allowed[m:]
             later = tuple(i - m for i in loose if i >= m)
             out, more = self.run_tapped(
@@ -245,16 +242,16 @@ class LeanModel:
             return torch.cat([done, out]), [torch.cat(pair) for pair in zip(done_taps, more, strict=True)]
         kv.ensure(end)
         first, last = layers or (0, len(self.blocks))
+        assert all(first <= k <= last for k in taps), f"taps {taps} outside layers {first}..{last}"
         # compiled: attend over the whole capacity, so shapes stay fixed and one graph serves every step
-        width = kv.capacity if self.compiled else end
+        width = kv.capacity if self.graph is not None and self.compiled else end
         if exact and start >= exact_from and s > 1:
             mask = RowKeys.of(allowed, start, s, self.device, loose)
         else:
             mask = visibility(allowed, s, end, width, self.device)
         slots = torch.arange(start, end, device=self.device)
-        loop = self.graph if self.compiled else self.loop
-        rope, adapted = self.rotary(positions), self.adapters_on()
-        assert all(first <= k <= last for k in taps), f"taps {taps} outside layers {first}..{last}"
+        loop = self.graph if self.compiled and self.graph is not None else self.loop
+        rope = self.rotary(positions)
         bounds = sorted({first, last, *taps})
         after = {first: hidden}  # layer count → the residual stream after it
         try:
@@ -296,32 +293,26 @@ class LeanModel:
         return self.gate is None or bool(self.gate.load().any())
 
     def compile(self) -> float:
-        """Compile the layer loop (CUDA graphs on a GPU, inductor on a CPU) and run both shape
-        families (one token; several) once, on a scratch cache; once per model and process. Returns
-        the seconds it took; CompileUnavailable (eager stays in use) when it cannot work here."""
-        if self.graph is not None:
+        """Compile the forward once per model and process: on a CPU the static layer graph
+        (mtp_viz.static: compiled ahead of time once per machine, then loaded from the cache), on a
+        GPU the layer loop under torch.compile and CUDA graphs, both shape families (one token;
+        several) run once on a scratch cache. Returns the seconds it took; CompileUnavailable (eager
+        stays in use) when it cannot work here."""
+        if self.static is not None or self.graph is not None:
             self.compiled = True
             return 0.0
         if reason := compile_unavailable(self.device):
             raise CompileUnavailable(reason)
-        log.warning("compiling the forward of %s once for this process (%s)", self.name, self.device)
-        start, cuda = time.perf_counter(), self.device.type == "cuda"
-        self.graph = torch.compile(self.loop, mode="reduce-overhead" if cuda else "default", dynamic=True)
+        if self.device.type == "cpu":
+            try:
+                self.static = static.load_or_compile(self)
+            except Exception as e:  # no kernels, an unsupported model, a toolchain piece missing: said, not hidden
+                raise CompileUnavailable(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+            self.compiled = True
+            return self.static.seconds
+        self.graph = cuda_graphs.compile_loop(self)
         self.compiled = True
-        try:
-            with torch.inference_mode():
-                scratch = self.new_cache()
-                for n in (1, 2, 3):  # 1 is its own graph; 2 and 3 make the row count symbolic
-                    ids = torch.zeros(n, dtype=torch.long, device=self.device)
-                    self.run(self.embed(ids), list(range(n)), scratch, 0, None if n == 1 else causal(n))
-            if cuda:
-                torch.cuda.synchronize(self.device)
-            if not self.compiled:  # `run` fell back to eager and logged why
-                raise RuntimeError("the compiled forward failed in its warm-up")
-        except Exception as e:  # an op it cannot trace, a missing toolchain piece, an old torch: said, not hidden
-            self.graph, self.compiled = None, False
-            raise CompileUnavailable(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
-        return time.perf_counter() - start
+        return cuda_graphs.warm_up(self)
 
     def decompile(self) -> None:
         """Back to the eager forward (the compiled one is kept for a later `compile`)."""

@@ -12,5 +12,14 @@ ASSETS = REPO / "assets"  # example traces, bench results and serving sweeps the
 PROFILES = REPO / "docs" / "results"  # shipped profiles (profile-*.json), with the docs' other measurements
 
 
+BUILD_ENV = "MTP_VIZ_BUILD_CACHE"  # overrides where built code goes (default: the cache folder's build/)
+
+
 def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "mtp-viz"))
+
+
+def build_root() -> Path:
+    """Where code built for this machine is kept (mtp_viz.native's kernels, mtp_viz.static's compiled
+    layers): a pure function of the sources, torch and the machine, apart from the measurements."""
+    return Path(os.environ.get(BUILD_ENV) or cache_root() / "build")

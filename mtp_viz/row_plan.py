@@ -37,7 +37,7 @@ from mtp_viz.lean import lean_model
 from mtp_viz.linear_plan import BY_LOAD, MARGIN, MAX_SPREAD, WIN_SHARE, plan_path, spread
 from mtp_viz.machine import machine_info
 from mtp_viz.projections import Concat, FusedLinear, StackedLoRA, base_linear, plan_of_linear
-from mtp_viz.weights import COMPUTE, FP32, FormatLinear
+from mtp_viz.weights import FP32, FormatLinear
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def _leaves(p) -> Iterator[nn.Module | FusedLinear]:
 
 def _product(m) -> tuple[str, tuple[tuple[int, int], Product, torch.dtype, str]] | None:
     if isinstance(m, FormatLinear):
-        return m.fmt, ((m.out_features, m.in_features), m.product, COMPUTE, "")
+        return m.fmt, ((m.out_features, m.in_features), m.product, m.compute, "")
     if isinstance(m, FusedLinear) or (isinstance(m, nn.Linear) and m.weight.dtype == torch.float32):
         plan = plan_of_linear(m.source if isinstance(m, FusedLinear) else m)[0]
         weight = m.weight

@@ -19,7 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
 from mtp_viz.clock import Clock
 from mtp_viz.gguf_codes import CACHE_VERSION as CODES_VERSION
 from mtp_viz.loading.sources import CONVERTED_FROM
-from mtp_viz.paths import CACHE_ENV, cache_root
+from mtp_viz.paths import BUILD_ENV, CACHE_ENV, build_root, cache_root
 from mtp_viz.registry import load_registry
 from mtp_viz.serving.server import PYTHON_ENV
 from mtp_viz.strategies import STRATEGIES
@@ -314,19 +314,24 @@ def suite_cache(config) -> None:
     given = os.environ.get(SUITE_CACHE_ENV)
     if given:
         os.environ[CACHE_ENV] = given
+        os.environ[BUILD_ENV] = str(Path(given) / "build")
         return
     folder = Path(tempfile.mkdtemp(prefix="mtp-viz-suite-cache-"))
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
-    seed_from(cache_root(), folder)
+    seed_from(cache_root(), build_root(), folder)
     os.environ[SUITE_CACHE_ENV] = os.environ[CACHE_ENV] = str(folder)
+    os.environ[BUILD_ENV] = str(folder / "build")  # kept when a test points MTP_VIZ_CACHE elsewhere
 
 
-def seed_from(user_cache: Path, folder: Path) -> None:
+def seed_from(user_cache: Path, user_build: Path, folder: Path) -> None:
     """Copy into `folder` what in `user_cache` depends only on a GGUF file the registry ships: its
     conversion into a model directory (mtp_viz.loading.sources.convert_gguf: ~25 s to redo,
     marked with the GGUF's name) and its 4-bit codes (mtp_viz.gguf_codes: keyed by the file's name
-    and size and the codes' format version). Copies, not links: nothing a test writes can reach the
-    user's files."""
+    and size and the codes' format version); and the code built for this machine (mtp_viz.native's
+    kernels, mtp_viz.static's compiled layers: ~30 s each to build, keyed by their sources, torch
+    and the machine). Copies, not links: nothing a test writes can reach the user's files."""
+    if user_build.is_dir():
+        shutil.copytree(user_build, folder / "build")
     for entry in load_registry().models.values():
         shipped = {s.file for s in entry.sources if s.kind == "gguf_wheel"}
         marker = user_cache / entry.id / CONVERTED_FROM

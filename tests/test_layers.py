@@ -21,10 +21,10 @@ LAYERS = (
     ("strategies", "strategies"),  # decoding algorithms yielding steps
     ("loading", "loading weights_auto"),  # a model and its drafters: resolve, read, derive, format, kernels
     # weight formats, drafters, the lean forward and its caches, the registry
-    ("engine", "cache drafters gguf_codes kv_slots lean projections registry row_plan weights"),
+    ("engine", "cache cuda_graphs drafters format_linear gguf_codes kv_slots lean projections quant registry row_plan static weights"),
     (
         "foundation",
-        "__init__ child clock detok errors kernels labels linear_plan machine measured paths prompts sampling schedule "
+        "__init__ child clock detok errors kernels labels linear_plan machine measured native paths prompts sampling schedule "
         "theory "
         "trace visibility",
     ),

@@ -26,7 +26,7 @@ from mtp_viz.row_plan import (
 )
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
-from mtp_viz.weights import BF16, FP32, INT8, Q4, Int8Linear, apply_format
+from mtp_viz.weights import BF16, FP32, INT8, Q4, Int8Linear, apply_format, head_format
 
 SWITCH = 9  # the stand-in's kernel changes its summation at this many rows
 real_int8 = Int8Linear.product
@@ -120,7 +120,7 @@ def test_a_product_no_plan_makes_exact_is_not_lossless_and_says_so(cache, use_ti
 def test_plans_are_kept_in_the_kernel_plans_record_and_measured_once(cache, monkeypatch):
     model = use_fast_linears(apply_format(tiny_model("llama-2l", seed=0), Q4), STOCK_PLAN)
     first = plan_rows(model)
-    assert set(first) == {Q4, FP32} and all(e["probed_rows"] == list(PROBED_ROWS) for e in first.values())
+    assert set(first) == {Q4, head_format(Q4)} and all(e["probed_rows"] == list(PROBED_ROWS) for e in first.values())
     assert first[Q4]["machine"]["cpu"] and first[Q4]["cost_ms"]["as is"]["1"] > 0
     [path] = (cache / "kernels").glob("*.json")
     monkeypatch.setattr("mtp_viz.row_plan.measure", lambda *a, **k: pytest.fail("measured twice"))

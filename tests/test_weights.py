@@ -19,12 +19,12 @@ from mtp_viz.row_plan import PROBED_ROWS
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import VERDICT_ACCEPTED, VERDICT_REJECTED
 from mtp_viz.visibility import tree_visibility
+from mtp_viz import native
 from mtp_viz.weights import (
     BF16,
     FORMATS,
     FP32,
     GROUP,
-    HEAD_FORMAT,
     INT8,
     Q4,
     FormatLinear,
@@ -34,6 +34,7 @@ from mtp_viz.weights import (
     convert,
     format_of,
     fuse,
+    head_format,
     kernel_pack,
     quantize_q4,
 )
@@ -50,7 +51,7 @@ def test_every_linear_is_swapped_and_the_head_takes_its_own_format(fmt):
     model = formatted(fmt)
     linears = [m for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(isinstance(m, FormatLinear) for m in linears)
-    assert getattr(model.lm_head, "fmt", FP32) == HEAD_FORMAT[fmt]
+    assert getattr(model.lm_head, "fmt", FP32) == head_format(fmt)
     assert {m.fmt for m in model.model.layers.modules() if isinstance(m, FormatLinear)} == {fmt}
     assert format_of(model) == fmt and format_of(tiny_model()) == FP32
     other = tiny_model()  # a model sharing the formatted layers (an early exit) is in the format: its types say so
@@ -94,12 +95,20 @@ def test_the_fast_int4_packing_is_torchs():
         assert torch.equal(kernel_pack(codes), expected)
 
 
-def test_q4_dequantized_weights_are_what_the_kernel_multiplies():
+@pytest.mark.parametrize("ours", [True, False], ids=["our kernel", "torch's kernel"])
+def test_q4_dequantized_weights_are_what_the_kernel_multiplies(ours):
     torch.manual_seed(2)
     layer = Q4Linear.of(torch.randn(64, 2 * GROUP))
+    if not ours:
+        layer.on_torch_kernel()
+    elif not layer.native:
+        pytest.skip(f"mtp-viz's CPU kernels are unavailable here: {native.unavailable()}")
     eye = torch.eye(2 * GROUP)
     through_kernel = layer(eye).T  # (N, K): each column of the identity picks one weight
-    assert torch.equal(through_kernel, layer.weight.bfloat16().float())  # the product is bf16-rounded
+    if ours:  # float32 activations: the file's q·d + m exactly
+        assert torch.equal(through_kernel, layer.q4_codes().dequantize())
+    else:  # the product is bf16-rounded
+        assert torch.equal(through_kernel, layer.weight.bfloat16().float())
 
 
 @pytest.mark.parametrize("fmt", QUANTIZED)
@@ -234,7 +243,7 @@ def test_lora_adapters_stay_float32_on_a_formatted_base():
     q = view.model.layers[0].self_attn.q_proj
     assert isinstance(q.base_layer, Q4Linear)
     assert q.lora_A["default"].weight.dtype == torch.float32 and type(q.lora_A["default"]) is torch.nn.Linear
-    assert q.base_layer.codes is base.model.layers[0].self_attn.q_proj.codes  # shared, not copied
+    assert q.base_layer.qs is base.model.layers[0].self_attn.q_proj.qs  # shared, not copied
 
 
 def test_a_copy_shares_the_codes_and_remakes_the_kernel_form():
@@ -242,8 +251,8 @@ def test_a_copy_shares_the_codes_and_remakes_the_kernel_form():
     layer = model.model.layers[0].mlp.down_proj
     x = torch.randn(2, layer.in_features)
     expected = layer(x)
-    clone = copy.deepcopy(layer, {id(layer.codes): layer.codes, id(layer.d): layer.d, id(layer.m): layer.m})
-    assert clone.codes is layer.codes and "_kernel" not in clone.__dict__
+    clone = copy.deepcopy(layer, {id(layer.qs): layer.qs, id(layer.d): layer.d, id(layer.m): layer.m})
+    assert clone.qs is layer.qs and "_kernel" not in clone.__dict__
     assert torch.equal(clone(x), expected)
 
 

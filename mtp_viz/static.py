@@ -1,0 +1,312 @@
+"""One static forward on a CPU: a decoder layer as one graph, compiled ahead of time once per machine
+and model shape, run over every layer.
+
+The eager lean forward (mtp_viz.lean) spends more of a one-token step between its products than in
+them: about sixty ATen calls a layer, each through the dispatcher and Python. Here a layer is one
+graph (norm, products, rotary, cache write, attention, MLP), exported with torch.export for any row
+count 1..MAX_ROWS and any attention width, and compiled by AOTInductor (generated C++ with its C++
+wrapper, fused loops in place of most calls) into a package kept in the cache: a later process
+loads it in a fraction of a second, and nothing traces, guards or recompiles at run time. The
+forward calls the package once per layer with that layer's weights, so an EAGLE-3 target's taps
+and a self-speculative draft's layer range are where the loop reads and where it stops.
+
+Every row is what a one-token forward at its position computes, bit for bit, compiled as it is:
+- products are mtp-viz's CPU kernels (mtp_viz.native), the same instructions for a row at any row
+  count: weights packed once, at load, into the buffers the graph reads (GGUF's q4 blocks as they
+  are, float32 weights as they are);
+- attention gathers each row's visible slots in order (`idx`, a row of slot numbers padded to the
+  width, `bias` −inf on the padding), so a verify row, a tree node and a one-token forward at the
+  same position attend over the same keys in the same order; the padding adds exact zeros.
+Which models: those the lean forward runs, in fp32 or q4, without LoRA adapters switched on
+(`unsupported` says why not); the rest keeps the eager forward.
+"""
+
+import fcntl
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from mtp_viz import native
+from mtp_viz.format_linear import FP32, Q4, FormatLinear
+from mtp_viz.kv_slots import StaticKV
+from mtp_viz.machine import machine_key
+from mtp_viz.measured import fingerprint
+from mtp_viz.paths import build_root
+from mtp_viz.projections import FusedLinear, base_linear
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 64  # a forward of more rows (a long prompt's prefill) runs eager
+WIDTH_STEP = 128  # attention widths are multiples of this
+PACKAGE_VERSION = 1
+EXAMPLE = {"rows": 3, "width": 2 * WIDTH_STEP, "capacity": 4 * WIDTH_STEP}  # shapes traced (all symbolic)
+
+
+class CompileUnavailable(RuntimeError):
+    """A compiled forward cannot run here; the eager lean forward is used."""
+
+
+@dataclass(frozen=True)
+class LayerConfig:
+    """What a layer's graph is specialised on: its sizes and the format its products read."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    scaling: float
+    fmt: str  # fp32 | q4
+
+    def key(self) -> str:
+        return fingerprint(repr(sorted(asdict(self).items())))
+
+
+def product(fmt: str, x: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """x (S, in) times one projection's packed weights: (S, out)."""
+    if fmt == Q4:
+        return torch.ops.mtp_viz.q4_linear(x, *weights)
+    return torch.ops.mtp_viz.f32_linear(x, *weights)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x (heads, S, d) with cos, sin (S, d) (the rotate-half layout)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class LayerGraph(nn.Module):
+    """One decoder layer as the graph exports it: every tensor an input, weights included, so one
+    compiled package serves every layer."""
+
+    def __init__(self, config: LayerConfig):
+        super().__init__()
+        self.config = config
+        self.parts = 3 if config.fmt == Q4 else 1  # tensors per projection
+
+    def forward(self, hidden, cos, sin, slots, idx, bias, keys, values, attn_norm, mlp_norm, qkv_bias, *weights):
+        """hidden (S, H); cos, sin (S, d); slots (S,) where the rows' keys go; idx, bias (S, W): each
+        row's visible slots in order and 0/−inf; keys, values (kv_heads, capacity, d), written at
+        `slots`. Returns hidden (S, H)."""
+        c, n = self.config, self.parts
+        qkv_w, o_w, gate_up_w, down_w = (tuple(weights[i * n : (i + 1) * n]) for i in range(4))
+        s, q_size, kv_size, group = (
+            hidden.shape[0],
+            c.heads * c.head_dim,
+            c.kv_heads * c.head_dim,
+            c.heads // c.kv_heads,
+        )
+        x = F.rms_norm(hidden, (c.hidden,), attn_norm, c.eps)
+        q, k, v = (product(c.fmt, x, qkv_w) + qkv_bias).split((q_size, kv_size, kv_size), dim=-1)
+        q = rotate(q.view(s, c.heads, c.head_dim).transpose(0, 1), cos, sin)  # (h, S, d)
+        keys.index_copy_(1, slots, rotate(k.view(s, c.kv_heads, c.head_dim).transpose(0, 1), cos, sin))
+        values.index_copy_(1, slots, v.view(s, c.kv_heads, c.head_dim).transpose(0, 1))
+        seen_k, seen_v = keys[:, idx], values[:, idx]  # (kv, S, W, d): each row's keys in order
+        scores = (q.view(c.kv_heads, group, s, 1, c.head_dim) * seen_k[:, None]).sum(-1) * c.scaling + bias
+        weights_ = torch.softmax(scores, dim=-1)  # (kv, g, S, W)
+        out = (weights_[..., None] * seen_v[:, None]).sum(-2)  # (kv, g, S, d)
+        out = out.reshape(c.heads, s, c.head_dim).transpose(0, 1).reshape(s, q_size)
+        hidden = hidden + product(c.fmt, out, o_w)
+        x = F.rms_norm(hidden, (c.hidden,), mlp_norm, c.eps)
+        gate, up = product(c.fmt, x, gate_up_w).chunk(2, dim=-1)
+        return hidden + product(c.fmt, F.silu(gate) * up, down_w)
+
+
+def _weights(p, fmt: str) -> tuple[torch.Tensor, ...] | None:
+    """One projection's tensors as the graph reads them, or None when it is not a plain product
+    in `fmt` (a LoRA stack, separate modules, another format)."""
+    if fmt == Q4:
+        return (p.qs, p.d, p.m) if isinstance(p, FormatLinear) and p.fmt == Q4 and p.native else None
+    if isinstance(p, FusedLinear) and p.bias is None:
+        return (p.weight,)
+    linear = base_linear(p)
+    if type(linear) is not FormatLinear and isinstance(linear, nn.Linear) and linear.bias is None:
+        return (linear.weight,) if linear.weight.dtype == torch.float32 else None
+    return None
+
+
+def _qkv_bias(p) -> torch.Tensor | None:
+    bias = p.bias if isinstance(p, (FusedLinear, FormatLinear)) else None
+    return bias.detach().float() if bias is not None else None
+
+
+@dataclass
+class Layer:
+    """One layer's inputs to the graph beside the activations: its norms, q|k|v bias and products."""
+
+    attn_norm: torch.Tensor
+    mlp_norm: torch.Tensor
+    qkv_bias: torch.Tensor
+    products: tuple[torch.Tensor, ...]
+
+
+def pack(lean) -> tuple[LayerConfig, list[Layer]] | str:
+    """The lean model's layers as the graph reads them (views of the model's own tensors: nothing
+    copied but the norms' float32 form), or why the static forward cannot run it."""
+    if lean.device.type != "cpu" or lean.dtype != torch.float32:
+        return "the static forward runs float32 models on a CPU"
+    if reason := native.unavailable():
+        return f"mtp-viz's CPU kernels are unavailable ({reason})"
+    first = lean.blocks[0]
+    projections = first.proj
+    fmt = Q4 if isinstance(projections.qkv, FormatLinear) else FP32
+    model = lean.model_ref()
+    act = getattr(model.config, "hidden_act", None) if model is not None else None
+    if act not in ("silu", "swish"):
+        return f"its activation is {act}, not SiLU"
+    gate_up = _weights(projections.gate_up, fmt)
+    if gate_up is None:
+        return "its products are not fused plain ones (adapters, or a format without our kernels)"
+    config = LayerConfig(
+        hidden=lean.layers[0].input_layernorm.weight.shape[0],
+        heads=first.heads,
+        kv_heads=first.kv_heads,
+        head_dim=first.head_dim,
+        intermediate=gate_up[0].shape[0] // 2,
+        eps=float(first.attn_norm.variance_epsilon),
+        scaling=float(first.scaling),
+        fmt=fmt,
+    )
+    layers = []
+    for block in lean.blocks:
+        parts = [_weights(getattr(block.proj, name), fmt) for name in ("qkv", "o", "gate_up", "down")]
+        if any(p is None for p in parts):
+            return "its products are not fused plain ones (adapters, or a format without our kernels)"
+        bias = _qkv_bias(block.proj.qkv)
+        q_rows = config.heads * config.head_dim + 2 * config.kv_heads * config.head_dim
+        layers.append(
+            Layer(
+                block.attn_norm.weight.detach().float(),
+                block.mlp_norm.weight.detach().float(),
+                bias if bias is not None else torch.zeros(q_rows),
+                tuple(t for part in parts for t in part),
+            )
+        )
+    return config, layers
+
+
+def attention_inputs(allowed: torch.Tensor | None, start: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's visible slots in slot order, padded to a width in steps of WIDTH_STEP: idx (S, W)
+    slot numbers, bias (S, W) 0 where seen and −inf on the padding. `allowed` (S, start+S) says
+    which slots each row sees; None: causal (row i sees slots 0..start+i)."""
+    if allowed is None:
+        counts = torch.arange(start + 1, start + rows + 1)
+        order = None
+    else:
+        counts = allowed.sum(dim=1)
+        order = torch.argsort((~allowed).to(torch.int8), dim=1, stable=True)  # seen slots first, in order
+    width = -(-int(counts.max()) // WIDTH_STEP) * WIDTH_STEP
+    columns = torch.arange(width)
+    if order is None:
+        idx = columns.expand(rows, width).contiguous()
+    else:
+        idx = torch.zeros(rows, width, dtype=torch.long)
+        idx[:, : min(width, order.shape[1])] = order[:, :width]
+    bias = torch.zeros(rows, width).masked_fill_(columns[None] >= counts[:, None], float("-inf"))
+    return idx, bias
+
+
+class StaticForward:
+    """A lean model's layers run by the compiled layer graph (`load_or_compile`)."""
+
+    def __init__(self, lean, config: LayerConfig, layers: list[Layer], runner, seconds: float, built: bool):
+        self.lean, self.config, self.layers, self.runner = lean, config, layers, runner
+        self.seconds, self.built = seconds, built  # what getting the package cost, and whether it was compiled now
+        self._views: tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+
+    def fits(self, rows: int) -> bool:
+        return 1 <= rows <= MAX_ROWS
+
+    def views(self, kv: StaticKV) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's keys and values (kv_heads, capacity, d) in the cache, made again when it grew."""
+        if self._views is None or self._views[0] != id(kv.data):
+            self._views = (id(kv.data), [(kv.data[i, 0], kv.data[i, 1]) for i in range(len(self.layers))])
+        return self._views[1]
+
+    def run(
+        self,
+        hidden: torch.Tensor,
+        positions: list[int],
+        kv: StaticKV,
+        start: int,
+        allowed: torch.Tensor | None,
+        first: int,
+        last: int,
+        taps: tuple[int, ...],
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Layers first..last−1 on hidden (S, H) at `positions`, keys and values into slots
+        start..start+S−1; returns the hidden states after `last` and after each tap."""
+        rows = hidden.shape[0]
+        cos, sin = self.lean.rotary(positions)
+        slots = torch.arange(start, start + rows)
+        idx, bias = attention_inputs(allowed, start, rows)
+        views = self.views(kv)
+        after = {first: hidden}
+        for i in range(first, last):
+            layer = self.layers[i]
+            hidden = self.runner(
+                hidden, cos, sin, slots, idx, bias, *views[i], layer.attn_norm, layer.mlp_norm, layer.qkv_bias,
+                *layer.products,
+            )  # fmt: skip
+            after[i + 1] = hidden
+        return hidden, [after[k] for k in taps]
+
+
+def package_path(config: LayerConfig) -> Path:
+    """Where this machine's compiled layer for `config` is kept (machine: CPU model and flags,
+    threads, torch; the kernels' source and the graph's version too)."""
+    kernels = f"{native.source_key()}{fingerprint(Path(__file__).read_text())}"  # the kernels' and the graph's code
+    return build_root() / "compiled" / f"{machine_key()}-layer-{config.key()}-{kernels}-v{PACKAGE_VERSION}.pt2"
+
+
+def _example(config: LayerConfig, layer: Layer) -> tuple:
+    rows, width, capacity = EXAMPLE["rows"], EXAMPLE["width"], EXAMPLE["capacity"]
+    positions = torch.arange(rows)
+    cache = torch.zeros(config.kv_heads, capacity, config.head_dim)
+    return (
+        torch.zeros(rows, config.hidden), torch.ones(rows, config.head_dim), torch.zeros(rows, config.head_dim),
+        positions, torch.arange(width).expand(rows, width).contiguous(), torch.zeros(rows, width),
+        cache, cache.clone(), layer.attn_norm, layer.mlp_norm, layer.qkv_bias, *layer.products,
+    )  # fmt: skip
+
+
+def _compile(config: LayerConfig, layer: Layer, path: Path) -> None:
+    """Export the layer graph for any rows, width and capacity, and compile it into `path` (atomically)."""
+    rows = torch.export.Dim("rows", min=1, max=MAX_ROWS)
+    width = torch.export.Dim("width", min=2, max=2**20)
+    capacity = torch.export.Dim("capacity", min=2, max=2**22)
+    example = _example(config, layer)
+    dims = [{0: rows}, {0: rows}, {0: rows}, {0: rows}, {0: rows, 1: width}, {0: rows, 1: width}]
+    dims += [{1: capacity}, {1: capacity}, None, None, None, (None,) * (len(example) - 11)]  # the last: *weights
+    with torch.no_grad():
+        program = torch.export.export(LayerGraph(config), example, dynamic_shapes=dims)
+    partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.pt2")
+    torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
+    os.replace(partial, path)
+
+
+def load_or_compile(lean) -> StaticForward:
+    """The lean model's static forward: its compiled layer read from the cache, or compiled now
+    (once per machine and model shape; other processes wait for it). RuntimeError says why not."""
+    packed = pack(lean)
+    if isinstance(packed, str):
+        raise RuntimeError(packed)
+    config, layers = packed
+    path = package_path(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    started, built = time.perf_counter(), False
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one process compiles; the others then load its package
+        if not path.is_file():
+            log.warning("compiling the static forward of %s for this machine once (~1 min)", lean.name)
+            _compile(config, layers[0], path)
+            built = True
+    runner = torch._inductor.aoti_load_package(str(path))
+    return StaticForward(lean, config, layers, runner, time.perf_counter() - started, built)
