@@ -14,9 +14,9 @@ Every row is what a one-token forward at its position computes, bit for bit, com
 - products are mtp-viz's CPU kernels (mtp_viz.native), the same instructions for a row at any row
   count: weights packed once, at load, into the buffers the graph reads (GGUF's q4 blocks as they
   are, float32 weights as they are);
-- attention gathers each row's visible slots in order (`idx`, a row of slot numbers padded to the
-  width, `bias` −inf on the padding), so a verify row, a tree node and a one-token forward at the
-  same position attend over the same keys in the same order; the padding adds exact zeros.
+- attention (mtp_viz.native's `attend`) takes each row's visible slots in order (`idx`, `counts`)
+  and computes each head of each row alone, so a verify row, a tree node and a one-token forward at
+  the same position attend over the same keys in the same order by the same instructions.
 Which models: those the lean forward runs, in fp32 or q4, without LoRA adapters switched on
 (`unsupported` says why not); the rest keeps the eager forward.
 """
@@ -43,9 +43,8 @@ from mtp_viz.projections import FusedLinear, base_linear
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 64  # a forward of more rows (a long prompt's prefill) runs eager
-WIDTH_STEP = 128  # attention widths are multiples of this
 PACKAGE_VERSION = 1
-EXAMPLE = {"rows": 3, "width": 2 * WIDTH_STEP, "capacity": 4 * WIDTH_STEP}  # shapes traced (all symbolic)
+EXAMPLE = {"rows": 3, "width": 200, "capacity": 512}  # shapes traced (all symbolic)
 
 
 class CompileUnavailable(RuntimeError):
@@ -91,28 +90,20 @@ class LayerGraph(nn.Module):
         self.config = config
         self.parts = 3 if config.fmt == Q4 else 1  # tensors per projection
 
-    def forward(self, hidden, cos, sin, slots, idx, bias, keys, values, attn_norm, mlp_norm, qkv_bias, *weights):
-        """hidden (S, H); cos, sin (S, d); slots (S,) where the rows' keys go; idx, bias (S, W): each
-        row's visible slots in order and 0/−inf; keys, values (kv_heads, capacity, d), written at
-        `slots`. Returns hidden (S, H)."""
+    def forward(self, hidden, cos, sin, slots, idx, counts, keys, values, attn_norm, mlp_norm, qkv_bias, *weights):
+        """hidden (S, H); cos, sin (S, d); slots (S,) where the rows' keys go; idx (S, W), counts (S,):
+        each row's visible slots in order, the first counts[s] of row s; keys, values (kv_heads,
+        capacity, d), written at `slots`. Returns hidden (S, H)."""
         c, n = self.config, self.parts
         qkv_w, o_w, gate_up_w, down_w = (tuple(weights[i * n : (i + 1) * n]) for i in range(4))
-        s, q_size, kv_size, group = (
-            hidden.shape[0],
-            c.heads * c.head_dim,
-            c.kv_heads * c.head_dim,
-            c.heads // c.kv_heads,
-        )
+        s, q_size, kv_size = hidden.shape[0], c.heads * c.head_dim, c.kv_heads * c.head_dim
         x = F.rms_norm(hidden, (c.hidden,), attn_norm, c.eps)
         q, k, v = (product(c.fmt, x, qkv_w) + qkv_bias).split((q_size, kv_size, kv_size), dim=-1)
         q = rotate(q.view(s, c.heads, c.head_dim).transpose(0, 1), cos, sin)  # (h, S, d)
         keys.index_copy_(1, slots, rotate(k.view(s, c.kv_heads, c.head_dim).transpose(0, 1), cos, sin))
         values.index_copy_(1, slots, v.view(s, c.kv_heads, c.head_dim).transpose(0, 1))
-        seen_k, seen_v = keys[:, idx], values[:, idx]  # (kv, S, W, d): each row's keys in order
-        scores = (q.view(c.kv_heads, group, s, 1, c.head_dim) * seen_k[:, None]).sum(-1) * c.scaling + bias
-        weights_ = torch.softmax(scores, dim=-1)  # (kv, g, S, W)
-        out = (weights_[..., None] * seen_v[:, None]).sum(-2)  # (kv, g, S, d)
-        out = out.reshape(c.heads, s, c.head_dim).transpose(0, 1).reshape(s, q_size)
+        out = torch.ops.mtp_viz.attend(q, keys, values, idx, counts, c.scaling)  # (h, S, d)
+        out = out.transpose(0, 1).reshape(s, q_size)
         hidden = hidden + product(c.fmt, out, o_w)
         x = F.rms_norm(hidden, (c.hidden,), mlp_norm, c.eps)
         gate, up = product(c.fmt, x, gate_up_w).chunk(2, dim=-1)
@@ -193,24 +184,15 @@ def pack(lean) -> tuple[LayerConfig, list[Layer]] | str:
 
 
 def attention_inputs(allowed: torch.Tensor | None, start: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's visible slots in slot order, padded to a width in steps of WIDTH_STEP: idx (S, W)
-    slot numbers, bias (S, W) 0 where seen and −inf on the padding. `allowed` (S, start+S) says
-    which slots each row sees; None: causal (row i sees slots 0..start+i)."""
+    """Each row's visible slots in slot order: idx (S, W) slot numbers, W the most any row sees, and
+    counts (S,): row s sees idx[s, :counts[s]]. `allowed` (S, start+S) says which slots each row
+    sees; None: causal (row i sees slots 0..start+i)."""
     if allowed is None:
         counts = torch.arange(start + 1, start + rows + 1)
-        order = None
-    else:
-        counts = allowed.sum(dim=1)
-        order = torch.argsort((~allowed).to(torch.int8), dim=1, stable=True)  # seen slots first, in order
-    width = -(-int(counts.max()) // WIDTH_STEP) * WIDTH_STEP
-    columns = torch.arange(width)
-    if order is None:
-        idx = columns.expand(rows, width).contiguous()
-    else:
-        idx = torch.zeros(rows, width, dtype=torch.long)
-        idx[:, : min(width, order.shape[1])] = order[:, :width]
-    bias = torch.zeros(rows, width).masked_fill_(columns[None] >= counts[:, None], float("-inf"))
-    return idx, bias
+        return torch.arange(start + rows).expand(rows, start + rows).contiguous(), counts
+    counts = allowed.sum(dim=1)
+    order = torch.argsort((~allowed).to(torch.int8), dim=1, stable=True)  # seen slots first, in order
+    return order[:, : int(counts.max())].contiguous(), counts
 
 
 class StaticForward:
@@ -246,13 +228,13 @@ class StaticForward:
         rows = hidden.shape[0]
         cos, sin = self.lean.rotary(positions)
         slots = torch.arange(start, start + rows)
-        idx, bias = attention_inputs(allowed, start, rows)
+        idx, counts = attention_inputs(allowed, start, rows)
         views = self.views(kv)
         after = {first: hidden}
         for i in range(first, last):
             layer = self.layers[i]
             hidden = self.runner(
-                hidden, cos, sin, slots, idx, bias, *views[i], layer.attn_norm, layer.mlp_norm, layer.qkv_bias,
+                hidden, cos, sin, slots, idx, counts, *views[i], layer.attn_norm, layer.mlp_norm, layer.qkv_bias,
                 *layer.products,
             )  # fmt: skip
             after[i + 1] = hidden
@@ -272,7 +254,7 @@ def _example(config: LayerConfig, layer: Layer) -> tuple:
     cache = torch.zeros(config.kv_heads, capacity, config.head_dim)
     return (
         torch.zeros(rows, config.hidden), torch.ones(rows, config.head_dim), torch.zeros(rows, config.head_dim),
-        positions, torch.arange(width).expand(rows, width).contiguous(), torch.zeros(rows, width),
+        positions, torch.arange(width).expand(rows, width).contiguous(), torch.full((rows,), width),
         cache, cache.clone(), layer.attn_norm, layer.mlp_norm, layer.qkv_bias, *layer.products,
     )  # fmt: skip
 
@@ -283,7 +265,7 @@ def _compile(config: LayerConfig, layer: Layer, path: Path) -> None:
     width = torch.export.Dim("width", min=2, max=2**20)
     capacity = torch.export.Dim("capacity", min=2, max=2**22)
     example = _example(config, layer)
-    dims = [{0: rows}, {0: rows}, {0: rows}, {0: rows}, {0: rows, 1: width}, {0: rows, 1: width}]
+    dims = [{0: rows}, {0: rows}, {0: rows}, {0: rows}, {0: rows, 1: width}, {0: rows}]
     dims += [{1: capacity}, {1: capacity}, None, None, None, (None,) * (len(example) - 11)]  # the last: *weights
     with torch.no_grad():
         program = torch.export.export(LayerGraph(config), example, dynamic_shapes=dims)

@@ -45,8 +45,9 @@ _failed: list[str] = []  # why the build failed, once per process
 
 
 def source_key() -> str:
-    """A short key of what the built kernels depend on: their source, flags and torch."""
-    text = SOURCE.read_bytes() + " ".join(CFLAGS).encode() + torch.__version__.encode()
+    """A short key of what the built kernels depend on: their source, flags and torch (and this file,
+    which declares their shapes to compiled graphs)."""
+    text = SOURCE.read_bytes() + Path(__file__).read_bytes() + " ".join(CFLAGS).encode() + torch.__version__.encode()
     return hashlib.sha256(text).hexdigest()[:12]
 
 
@@ -116,8 +117,13 @@ def _register_shapes() -> None:
     def rows_by_outputs(x: torch.Tensor, weight: torch.Tensor, *_: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], weight.shape[0])
 
-    for name in ("q4_linear", "q8_linear", "f32_linear"):
+    for name in ("q4_linear", "q4q8_linear", "q8_linear", "f32_linear"):
         torch.library.register_fake(f"mtp_viz::{name}", rows_by_outputs)
+
+    def like_queries(q: torch.Tensor, *_) -> torch.Tensor:
+        return q.new_empty(q.shape)  # contiguous, as the kernel returns it
+
+    torch.library.register_fake("mtp_viz::attend", like_queries)
 
 
 def pack_q4(codes: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,11 @@
 // Activations are float32 throughout: "q4" computes Σ x·(q·d + m) as d·Σ x·q + m·Σ x per block.
 // AVX2, FMA and F16C only (every x86 CPU this runs on has them; no AVX-512, no AMX).
 #include <ATen/ATen.h>
+#include <cmath>
+#include <limits>
+#include <vector>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
@@ -62,6 +66,53 @@ void q4_rows(const float* x, const float* sums, int64_t K, const uint8_t* codes,
       for (int r = 0; r < R; r++) shift[r] += mb * sums[r * B + b];
     }
     for (int r = 0; r < R; r++) y[r * N + n] = hsum(acc[r]) + shift[r];
+  }
+}
+
+// llama.cpp's arithmetic for Q4_1: each row's activations quantized per block of 32 to int8 with a
+// scale dx (and the block's sum sx = dx·Σq), then integer dot products of codes and activations:
+// Σ w·x = d·dx·Σ q·qx + m·sx per block
+template <int R>
+void q4q8_rows(const int8_t* xq, const float* dx, const float* sx, int64_t K, const uint8_t* codes,
+               const uint16_t* d, const uint16_t* m, float* y, int64_t N, int64_t n0, int64_t n1) {
+  const int64_t B = K / BLOCK;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t n = n0; n < n1; n++) {
+    const uint8_t* c = codes + n * (K / 2);
+    __m256 acc[R];
+    float shift[R];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), shift[r] = 0.f;
+    for (int64_t b = 0; b < B; b++) {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + b * 16));
+      const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);  // weights 0..31
+      const float db = _cvtsh_ss(d[n * B + b]), mb = _cvtsh_ss(m[n * B + b]);
+      for (int r = 0; r < R; r++) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + b * BLOCK));
+        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);  // 8 partial sums
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(db * dx[r * B + b]), _mm256_cvtepi32_ps(dot), acc[r]);
+        shift[r] += mb * sx[r * B + b];
+      }
+    }
+    for (int r = 0; r < R; r++) y[r * N + n] = hsum(acc[r]) + shift[r];
+  }
+}
+
+// a row's activations per block of 32: int8 codes, their scale and the block's sum (llama.cpp's Q8_1)
+void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* xq, float* dx, float* sx) {
+  for (int64_t i = 0; i < M * (K / BLOCK); i++) {
+    const float* xb = x + i * BLOCK;
+    float amax = 0.f;
+    for (int j = 0; j < BLOCK; j++) amax = std::max(amax, std::fabs(xb[j]));
+    const float scale = amax / 127.f, inverse = scale > 0.f ? 1.f / scale : 0.f;
+    int sum = 0;
+    for (int j = 0; j < BLOCK; j++) {
+      const int v = static_cast<int>(std::nearbyint(xb[j] * inverse));
+      xq[i * BLOCK + j] = static_cast<int8_t>(v);
+      sum += v;
+    }
+    dx[i] = scale;
+    sx[i] = scale * static_cast<float>(sum);
   }
 }
 
@@ -149,6 +200,29 @@ at::Tensor q4_linear(const at::Tensor& x_, const at::Tensor& codes, const at::Te
   return y;
 }
 
+at::Tensor q4q8_linear(const at::Tensor& x_, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& m) {
+  check(x_, codes, codes.size(1) * 2);
+  TORCH_CHECK(x_.size(1) % BLOCK == 0, "q4 needs K a multiple of 32");
+  const at::Tensor x = x_.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0), B = K / BLOCK;
+  at::Tensor y = at::empty({M, N}, x.options());
+  at::Tensor xq = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor scales = at::empty({2, M, B}, x.options());
+  int8_t* XQ = xq.data_ptr<int8_t>();
+  float* DX = scales.data_ptr<float>();
+  float* SX = DX + M * B;
+  quantize_rows(x.data_ptr<float>(), M, K, XQ, DX, SX);
+  const uint8_t* C = codes.data_ptr<uint8_t>();
+  const auto* D = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
+  const auto* Mn = reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>());
+  float* Y = y.data_ptr<float>();
+  by_rows(M, N, 16,
+          [&](int64_t r, int64_t a, int64_t b) { q4q8_rows<4>(XQ + r * K, DX + r * B, SX + r * B, K, C, D, Mn, Y + r * N, N, a, b); },
+          [&](int64_t r, int64_t a, int64_t b) { q4q8_rows<2>(XQ + r * K, DX + r * B, SX + r * B, K, C, D, Mn, Y + r * N, N, a, b); },
+          [&](int64_t r, int64_t a, int64_t b) { q4q8_rows<1>(XQ + r * K, DX + r * B, SX + r * B, K, C, D, Mn, Y + r * N, N, a, b); });
+  return y;
+}
+
 at::Tensor q8_linear(const at::Tensor& x_, const at::Tensor& codes, const at::Tensor& d) {
   check(x_, codes, codes.size(1));
   TORCH_CHECK(x_.size(1) % BLOCK == 0, "q8 needs K a multiple of 32");
@@ -180,14 +254,70 @@ at::Tensor f32_linear(const at::Tensor& x_, const at::Tensor& w) {
   return y;
 }
 
+// Attention of each query row over the cache slots it sees, listed in order: idx (S, W) slot numbers,
+// the first counts[s] of row s seen. Each (head, row) is computed alone by one thread, in slot
+// order, so a row's result does not depend on the other rows of the call: a verify row, a tree
+// node and a one-token forward at the same position attend alike. q (heads, S, d); keys, values
+// (kv_heads, capacity, d), head h reading kv head h / (heads / kv_heads); d a multiple of 8.
+at::Tensor attend(const at::Tensor& q_, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& idx_,
+                  const at::Tensor& counts_, double scaling) {
+  using Vec = at::vec::Vectorized<float>;
+  TORCH_CHECK(q_.scalar_type() == at::kFloat && keys.is_contiguous() && values.is_contiguous(), "float32, contiguous");
+  const at::Tensor q = q_.contiguous(), idx = idx_.contiguous(), counts = counts_.contiguous();
+  const int64_t H = q.size(0), S = q.size(1), D = q.size(2), KV = keys.size(0), C = keys.size(1), W = idx.size(1);
+  TORCH_CHECK(D % Vec::size() == 0 && H % KV == 0, "head size a multiple of 8, heads a multiple of kv heads");
+  at::Tensor out = at::empty_like(q);
+  const float* Q = q.data_ptr<float>();
+  const float* K = keys.data_ptr<float>();
+  const float* V = values.data_ptr<float>();
+  const int64_t* I = idx.data_ptr<int64_t>();
+  const int64_t* N = counts.data_ptr<int64_t>();
+  float* O = out.data_ptr<float>();
+  const float scale = static_cast<float>(scaling);
+  at::parallel_for(0, H * S, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(W);
+    for (int64_t hs = begin; hs < end; hs++) {
+      const int64_t h = hs / S, s = hs % S, kv = h / (H / KV), n = N[s];
+      TORCH_CHECK(n >= 1 && n <= W, "a row sees 1..W slots");
+      const float* qr = Q + hs * D;
+      const float* kb = K + kv * C * D;
+      const float* vb = V + kv * C * D;
+      const int64_t* slots = I + s * W;
+      float top = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < n; j++) {
+        TORCH_CHECK(slots[j] >= 0 && slots[j] < C, "a slot outside the cache");
+        const float* kr = kb + slots[j] * D;
+        Vec acc(0.f);
+        for (int64_t t = 0; t < D; t += Vec::size()) acc = at::vec::fmadd(Vec::loadu(qr + t), Vec::loadu(kr + t), acc);
+        scores[j] = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc) * scale;
+        top = std::max(top, scores[j]);
+      }
+      float total = 0.f;
+      for (int64_t j = 0; j < n; j++) total += (scores[j] = std::exp(scores[j] - top));
+      float* o = O + hs * D;
+      for (int64_t t = 0; t < D; t += Vec::size()) Vec(0.f).store(o + t);
+      for (int64_t j = 0; j < n; j++) {
+        const Vec p(scores[j] / total);
+        const float* vr = vb + slots[j] * D;
+        for (int64_t t = 0; t < D; t += Vec::size()) at::vec::fmadd(p, Vec::loadu(vr + t), Vec::loadu(o + t)).store(o + t);
+      }
+    }
+  });
+  return out;
+}
+
 TORCH_LIBRARY(mtp_viz, lib) {
+  lib.def("attend(Tensor q, Tensor keys, Tensor values, Tensor idx, Tensor counts, float scaling) -> Tensor");
   lib.def("q4_linear(Tensor x, Tensor codes, Tensor d, Tensor m) -> Tensor");
+  lib.def("q4q8_linear(Tensor x, Tensor codes, Tensor d, Tensor m) -> Tensor");
   lib.def("q8_linear(Tensor x, Tensor codes, Tensor d) -> Tensor");
   lib.def("f32_linear(Tensor x, Tensor weight) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mtp_viz, CPU, lib) {
+  lib.impl("attend", &attend);
   lib.impl("q4_linear", &q4_linear);
+  lib.impl("q4q8_linear", &q4q8_linear);
   lib.impl("q8_linear", &q8_linear);
   lib.impl("f32_linear", &f32_linear);
 }
