@@ -1,13 +1,15 @@
 """Engine benchmark: our decoding loops next to transformers' generate and llama.cpp, measured side by side.
 
     python benchmarks/engine.py [--model smollm2-135m] [--max-new-tokens 128] [--repeats 3] [--methods M,M,...]
-                                [--weights fp32|bf16|int8|q4|auto]
+                                [--weights q4|fp32|bf16|int8|auto]
 
-For each prompt every method runs `repeats` times, interleaved round-robin so that machine noise
-hits all of them alike; the best tokens/s of each is reported (noise on a shared machine only ever
-slows a deterministic run down), with ratios. Greedy decoding, so every method must produce the
-same tokens (checked and printed); llama.cpp, on the 4-bit weights with 8-bit activations, parts
-from ours at near-ties: where, and by how many logits our model preferred its token, is printed.
+Our engine runs the weights llama.cpp runs by default (q4: the shipped GGUF's own Q4_1 codes, its
+head Q8_0), transformers' methods the fp32 model. For each prompt every method runs `repeats`
+times, interleaved round-robin so that machine noise hits all of them alike; the best tokens/s of
+each is reported (noise on a shared machine only ever slows a deterministic run down), with
+ratios. Greedy decoding, so every method on the same weights must produce the same tokens
+(checked and printed); llama.cpp, on the 4-bit weights with 8-bit activations, parts from ours at
+near-ties: where, and by how many logits our model preferred its token, is printed.
 
 Methods (METHODS below): our autoregressive loop on the lean forward (eager, compiled) and on
 transformers' forward; transformers' `generate` on the plain model, and with its own fast path
@@ -51,7 +53,7 @@ from mtp_viz.quality import first_divergence
 from mtp_viz.runner import RECORD_MINIMAL, RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.strategies.prompt_lookup import PromptLookupSettings
-from mtp_viz.weights import CHOICES, FP32
+from mtp_viz.weights import CHOICES, FP32, Q4
 
 PROMPTS = {
     "code-edit": CODE_EDIT_PROMPT,
@@ -173,7 +175,10 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="the first N prompts only")
     parser.add_argument("--out", type=Path, help="write the raw measurements as JSON")
     parser.add_argument(
-        "--weights", choices=CHOICES, default=FP32, help="our engine's weight format (transformers' stays fp32)"
+        "--weights",
+        choices=CHOICES,
+        default=Q4,
+        help="our engine's weight format (default q4: the GGUF's bits, as llama.cpp runs them; transformers' fp32)",
     )
     parser.add_argument("--direct-only", action="store_true", help="only the direct cost measurements (fast)")
     parser.add_argument(
@@ -196,54 +201,9 @@ def main() -> int:
         return 0
     warm = encode_prompt(loaded, "Hello")
     loaded.model.generate(torch.tensor([warm]), max_new_tokens=4, do_sample=False, pad_token_id=0)
-    rows, raw = [], {}
     llama = LlamaCppPeers([LLAMA_CPP_OF[m] for m in methods if m in LLAMA_CPP_OF], loaded, torch.get_num_threads())
-    failed: set[str] = set()  # llama.cpp peers whose process died or hung
     with llama:
-        for name, prompt in list(PROMPTS.items())[: args.prompts]:
-            prompt_ids = encode_prompt(loaded, prompt)
-            rates: dict[str, list[float]] = {m: [] for m in methods}
-            outputs: dict[str, list[int]] = {}
-            for r in range(args.repeats):
-                for method in [m for m in methods if m not in failed]:
-                    if method.startswith("ours"):
-                        out, wall = ours(args.model, prompt, args.max_new_tokens, method, args.weights)
-                    elif method in LLAMA_CPP_OF:
-                        try:
-                            run_ = llama.run(LLAMA_CPP_OF[method], prompt_ids, args.max_new_tokens)
-                        except PeerFailed as e:  # its process died or hung: one line, the rest goes on
-                            print(f"{e}; {method} left out from here on", file=sys.stderr)
-                            failed.add(method)
-                            continue
-                        out, wall = run_.output_token_ids, run_.wall_time_s
-                    else:
-                        out, wall = hf(loaded, prompt_ids, args.max_new_tokens, method)
-                    rates[method].append(len(out) / wall)
-                    outputs[method] = out
-                print(
-                    f"  {time.strftime('%H:%M:%S')} {name}: repeat {r + 1}/{args.repeats} done",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            med = {m: max(v) for m, v in rates.items() if v}
-            # every method on the same weights as ours: transformers' run fp32, so in another format only ours count
-            alike = [m for m in outputs if m not in LLAMA_CPP_OF and (m.startswith("ours") or args.weights == FP32)]
-            identical = all(outputs[m] == outputs["ours_ar"] for m in alike)
-            same = {
-                m: parting(loaded.model, prompt_ids, outputs["ours_ar"], outputs[m])
-                for m in LLAMA_CPP_OF
-                if m in outputs
-            }
-            if set(LLAMA_CPP_OF) <= set(outputs):  # llama.cpp's own speculation against its own plain decoding
-                same["pld_vs_llama_cpp_ar"] = first_divergence(outputs["llama_cpp_ar"], outputs["llama_cpp_pld"])
-            raw[name] = {
-                "prompt_tokens": len(prompt_ids),
-                "new_tokens": len(outputs["ours_ar"]),
-                "tokens_per_s": rates,
-                "llama_cpp_parting": same,
-                "outputs": outputs,
-            }
-            rows.append((name, len(prompt_ids), len(outputs["ours_ar"]), med, identical, same))
+        rows, raw = interleaved(loaded, dict(list(PROMPTS.items())[: args.prompts]), methods, args, llama)
         peer_machine = llama.machine() if llama.names else None
     print_table(rows, args, methods, peer_machine)
     per_token, step = tracing_cost(loaded)
@@ -256,6 +216,60 @@ def main() -> int:
         record = {"args": vars(args) | {"out": str(args.out)}, "machine": machine, "results": raw}
         args.out.write_text(json.dumps(record, indent=1))
     return 0
+
+
+def interleaved(
+    loaded, prompts: dict[str, str], methods: list[str], args, llama: LlamaCppPeers
+) -> tuple[list[tuple], dict[str, dict]]:
+    """Every method on each prompt `args.repeats` times, round-robin (args: model, weights,
+    max_new_tokens, repeats); ours_ar must be among them. Returns the rows print_table prints
+    (prompt, prompt tokens, new tokens, best tokens/s by method, identical, llama.cpp's parting)
+    and the raw record by prompt. A llama.cpp method whose process dies is left out from there on."""
+    rows, raw = [], {}
+    failed: set[str] = set()  # llama.cpp peers whose process died or hung
+    for name, prompt in prompts.items():
+        prompt_ids = encode_prompt(loaded, prompt)
+        rates: dict[str, list[float]] = {m: [] for m in methods}
+        outputs: dict[str, list[int]] = {}
+        for r in range(args.repeats):
+            for method in [m for m in methods if m not in failed]:
+                if method.startswith("ours"):
+                    out, wall = ours(args.model, prompt, args.max_new_tokens, method, args.weights)
+                elif method in LLAMA_CPP_OF:
+                    try:
+                        run_ = llama.run(LLAMA_CPP_OF[method], prompt_ids, args.max_new_tokens)
+                    except PeerFailed as e:  # its process died or hung: one line, the rest goes on
+                        print(f"{e}; {method} left out from here on", file=sys.stderr)
+                        failed.add(method)
+                        continue
+                    out, wall = run_.output_token_ids, run_.wall_time_s
+                else:
+                    out, wall = hf(loaded, prompt_ids, args.max_new_tokens, method)
+                rates[method].append(len(out) / wall)
+                outputs[method] = out
+            print(
+                f"  {time.strftime('%H:%M:%S')} {name}: repeat {r + 1}/{args.repeats} done",
+                file=sys.stderr,
+                flush=True,
+            )
+        best = {m: max(v) for m, v in rates.items() if v}
+        # every method on the same weights as ours: transformers' run fp32, so in another format only ours count
+        alike = [m for m in outputs if m not in LLAMA_CPP_OF and (m.startswith("ours") or args.weights == FP32)]
+        identical = all(outputs[m] == outputs["ours_ar"] for m in alike)
+        same = {
+            m: parting(loaded.model, prompt_ids, outputs["ours_ar"], outputs[m]) for m in LLAMA_CPP_OF if m in outputs
+        }
+        if set(LLAMA_CPP_OF) <= set(outputs):  # llama.cpp's own speculation against its own plain decoding
+            same["pld_vs_llama_cpp_ar"] = first_divergence(outputs["llama_cpp_ar"], outputs["llama_cpp_pld"])
+        raw[name] = {
+            "prompt_tokens": len(prompt_ids),
+            "new_tokens": len(outputs["ours_ar"]),
+            "tokens_per_s": rates,
+            "llama_cpp_parting": same,
+            "outputs": outputs,
+        }
+        rows.append((name, len(prompt_ids), len(outputs["ours_ar"]), best, identical, same))
+    return rows, raw
 
 
 def print_table(rows, args, methods: list[str], peer_machine: dict | None = None) -> None:

@@ -14,7 +14,7 @@ from mtp_viz.llama_peers import LLAMA_CPP_PEERS, LlamaCppPeers, PeerFailed, unav
 from mtp_viz.loading import DrafterRequest, load_drafting, load_model, model_name, resolve_device
 from mtp_viz.machine import machine_info
 from mtp_viz.peers import HF_ASSISTED, PEERS, PeerRun, run_peer
-from mtp_viz.prompts import BenchPrompt, spec_bench
+from mtp_viz.prompts import SUITE_FORMATS, BenchPrompt, read_suite, spec_bench
 from mtp_viz.quality import final_number, first_divergence, reference_answer, target_nll
 from mtp_viz.registry import load_registry
 from mtp_viz.runner import RunRequest, run
@@ -31,16 +31,21 @@ MATH_CATEGORIES = ("math", "math_reasoning")  # final numbers compared with auto
 
 
 def load_suite(suite: str, categories: list[str] | None = None, limit: int | None = None) -> list[BenchPrompt]:
-    """The first turn of each question; `limit` applies per category."""
-    if suite not in SUITES:
-        raise UserError(f"unknown suite {suite!r}; choose one of: {', '.join(SUITES)}")
-    known = sorted({q["category"] for q in spec_bench()})
+    """The first turn of each question of Spec-Bench (`spec-bench`) or of a suite file of one's own
+    (mtp_viz.prompts.read_suite: Spec-Bench's JSONL, or one prompt a line); `limit` applies per category."""
+    if suite in SUITES:
+        questions, name = spec_bench(), "Spec-Bench"
+    elif Path(suite).is_file():
+        questions, name = read_suite(Path(suite)), Path(suite).name
+    else:
+        raise UserError(f"unknown suite {suite!r}: not {', '.join(SUITES)}, and no such file ({SUITE_FORMATS})")
+    known = sorted({q["category"] for q in questions})
     unknown = sorted(set(categories or []) - set(known))
     if unknown:
-        raise UserError(f"unknown categories {', '.join(unknown)}; Spec-Bench has: {', '.join(known)}")
+        raise UserError(f"unknown categories {', '.join(unknown)}; {name} has: {', '.join(known)}")
     taken: dict[str, int] = {}
     prompts = []
-    for q in spec_bench():
+    for q in questions:
         c = q["category"]
         if categories and c not in categories:
             continue

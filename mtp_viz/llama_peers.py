@@ -9,7 +9,10 @@ included). Its greedy tokens are not always ours: llama.cpp rounds activations t
 Q8_1) for its Q4_1 products where our engine multiplies in fp32 on the dequantized weights, so
 logits differ by ~0.1 (measured) and the two part at near-ties (`parting` says where and by how
 much). Optional: where llama_cpp is not installed, or the model ships no GGUF, `unavailable()` is
-the one line that says so and the benchmarks skip these peers with it."""
+the one line that says so and the benchmarks skip these peers with it.
+
+Beside the peers, `LlamaCppPeers.verify_times` measures llama.cpp's own verify-cost curve: k new
+tokens evaluated after a fixed context, every row's logits computed, removed again each time."""
 
 import contextlib
 import importlib.util
@@ -20,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
@@ -38,6 +42,7 @@ from mtp_viz.strategies.prompt_lookup import PromptLookupSettings
 LLAMA_CPP_AUTOREGRESSIVE = LLAMA_CPP_PREFIX + "autoregressive"
 LLAMA_CPP_PROMPT_LOOKUP = LLAMA_CPP_PREFIX + "prompt_lookup"
 LLAMA_CPP_PEERS = (LLAMA_CPP_AUTOREGRESSIVE, LLAMA_CPP_PROMPT_LOOKUP)
+LLAMA_CPP_VERIFY = LLAMA_CPP_PREFIX + "verify"  # the worker that times k-row evaluations (not a bench peer)
 INSTALL = "bash scripts/setup.sh --llama"
 MIN_CONTEXT = 1024  # tokens; a context grows to the next power of two a prompt needs
 WARM_UP_TOKENS = 4  # decoded untimed after each (re)load: thread pool, page faults of the mapped file
@@ -92,7 +97,7 @@ class LlamaCppPeers(contextlib.ExitStack):
         if names and (why := unavailable(target.name)):
             raise UserError(why)
         self.names, self.target, self.threads = names, target, threads
-        self.gguf = shipped_gguf(target.name) if names else None
+        self.gguf = shipped_gguf(target.name)
         self.lookup = lookup or PromptLookupSettings()
         self.workers: dict[str, Worker] = {}  # peer → its llama.cpp process
         self.system_info = ""  # llama.cpp's own line of CPU features, from the first worker
@@ -107,6 +112,24 @@ class LlamaCppPeers(contextlib.ExitStack):
         out = answer["tokens"]
         text = self.target.tokenizer.decode(out, skip_special_tokens=False) if self.target.tokenizer else ""
         return PeerRun(name, out, text, answer["wall_time_s"], self.machine())
+
+    def verify_times(self, context_ids: list[int], new_ids: list[int], ks: list[int], rounds: int = 1) -> "VerifyTimes":
+        """llama.cpp's own k-row costs on this machine: for each k in `ks`, the first k of `new_ids`
+        evaluated after `context_ids` (evaluated once), every row's logits computed, timed in its
+        worker and removed from its KV cache again, `rounds` times. Raises PeerFailed if the worker
+        dies or hangs, UserError where llama.cpp cannot run this model."""
+        if why := unavailable(self.target.name):
+            raise UserError(why)
+        if not ks or min(ks) < 1 or max(ks) > len(new_ids):
+            raise UserError(f"verify sizes {ks} must lie in 1..{len(new_ids)} (the new tokens given)")
+        worker = self._worker(LLAMA_CPP_VERIFY, len(context_ids) + max(ks))
+        asked = {"context_ids": list(context_ids), "new_ids": list(new_ids[: max(ks)]), "ks": list(ks)}
+        answer = worker.ask(asked | {"rounds": rounds}, answer_timeout(rounds * sum(ks)))
+        return VerifyTimes(
+            {int(k): v for k, v in answer["seconds"].items()},
+            {int(k): v for k, v in answer["rows"].items()},
+            answer["n_tokens"],
+        )
 
     def machine(self) -> dict:
         """What the llama.cpp runs were measured with, for the bench record's machine line."""
@@ -138,6 +161,7 @@ class LlamaCppPeers(contextlib.ExitStack):
             "n_ctx": max(MIN_CONTEXT, 2 ** math.ceil(math.log2(needed))),
             "threads": self.threads,
             "lookup": lookup,
+            "logits_all": name == LLAMA_CPP_VERIFY,
             "warm_up": request([self.target.tokenizer.bos_token_id or 0], WARM_UP_TOKENS, frozenset()),
         }
         worker = self.workers[name] = Worker(f"llama.cpp {name.removeprefix(LLAMA_CPP_PREFIX)}", spec)
@@ -148,6 +172,15 @@ class LlamaCppPeers(contextlib.ExitStack):
         for worker in self.workers.values():
             worker.close()
         self.workers.clear()
+
+
+@dataclass(frozen=True)
+class VerifyTimes:
+    """llama.cpp's timed evaluations of k new tokens after a fixed context (`verify_times`)."""
+
+    seconds: dict[int, list[float]]  # k → the seconds of each timed evaluation
+    rows: dict[int, list[int]]  # k → each row's top token (its greedy choice for the next position)
+    n_tokens: int  # the length cached afterwards: the context's, each evaluation removed again
 
 
 def request(prompt_ids: list[int], max_new_tokens: int, eos_token_ids: frozenset[int]) -> dict:

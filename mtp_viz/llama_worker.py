@@ -3,12 +3,15 @@ by mtp_viz.llama_peers, so that a native crash (an illegal instruction, a segfau
 ends this process and never the one running the benchmark or the UI.
 
 SPEC is JSON: {"gguf", "n_ctx", "threads", "lookup": null | {"max_ngram_size", "num_pred_tokens"},
-"warm_up": a request}. The worker loads the model, decodes the warm-up untimed, then writes
-{"ready": true, "system_info": "..."}. Each request after that is one line on stdin,
-{"prompt_ids", "max_new_tokens", "eos"}, answered by one line, {"tokens", "wall_time_s"}, the time
-taken here, from the prompt's evaluation to the last token. The answers go to the process's
-original stdout; anything llama.cpp prints goes to stderr. The worker ends at the end of its
-stdin, and by itself once its parent is gone."""
+"logits_all": whether every row's logits are kept, "warm_up": a request}. The worker loads the
+model, decodes the warm-up untimed, then writes {"ready": true, "system_info": "..."}. Each
+request after that is one line on stdin, answered by one line:
+- a completion, {"prompt_ids", "max_new_tokens", "eos"} → {"tokens", "wall_time_s"}, the time
+  taken here, from the prompt's evaluation to the last token;
+- a verify timing, {"context_ids", "new_ids", "ks", "rounds"} → {"seconds": {k: [s, ...]},
+  "rows": {k: each row's top token}, "n_tokens"} (`verify`: llama.cpp's own k-row curve).
+The answers go to the process's original stdout; anything llama.cpp prints goes to stderr. The
+worker ends at the end of its stdin, and by itself once its parent is gone."""
 
 import faulthandler
 import json
@@ -43,7 +46,8 @@ def load(spec: dict):
         n_threads=spec["threads"],
         n_threads_batch=spec["threads"],
         draft_model=drafter,
-        logits_all=drafter is not None,  # a drafter needs every position's logits; unset, past 512 tokens it fails
+        # a drafter needs every position's logits (unset, past 512 tokens it fails), a verify every row's
+        logits_all=drafter is not None or bool(spec.get("logits_all")),
         seed=0,
         verbose=False,
     )
@@ -67,9 +71,43 @@ def main(argv: list[str]) -> int:
 
 
 def answer(llm, request: dict) -> dict:
+    if "ks" in request:
+        return verify(llm, request["context_ids"], request["new_ids"], request["ks"], request["rounds"])
     start = time.perf_counter()
     tokens = greedy(llm, request["prompt_ids"], request["max_new_tokens"], frozenset(request["eos"]))
     return {"tokens": tokens, "wall_time_s": time.perf_counter() - start}
+
+
+def verify(llm, context_ids: list[int], new_ids: list[int], ks: list[int], rounds: int) -> dict:
+    """What evaluating k new tokens after a fixed context costs llama.cpp, every row's logits
+    computed (a verify reads each): the context is evaluated once (kept from the previous request
+    when it is the same), then, `rounds` times, for each k the first k of `new_ids` are evaluated,
+    timed, and removed from the KV cache again, so that every timed evaluation starts at the same
+    length. Also each row's top token (what it scored) and the cached length left at the end."""
+    n = len(context_ids)
+    if llm.n_tokens != n or llm.input_ids[:n].tolist() != context_ids:
+        llm.reset()
+        llm.eval(context_ids)
+    seconds: dict[int, list[float]] = {k: [] for k in ks}
+    rows: dict[int, list[int]] = {}
+    for _ in range(rounds):
+        for k in ks:
+            start = time.perf_counter()
+            llm.eval(new_ids[:k])
+            seconds[k].append(time.perf_counter() - start)
+            rows[k] = llm.scores[n : n + k].argmax(axis=-1).tolist()
+            forget(llm, n)
+    return {"seconds": seconds, "rows": rows, "n_tokens": llm.n_tokens}
+
+
+def forget(llm, length: int) -> None:
+    """Drop every cached position from `length` on, from llama.cpp's KV cache and from the tokens
+    llama-cpp-python counts as evaluated."""
+    import llama_cpp
+
+    if not llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llm.ctx), -1, length, -1):
+        raise RuntimeError(f"llama.cpp could not remove the cached positions from {length} on")
+    llm.n_tokens = length
 
 
 if __name__ == "__main__":

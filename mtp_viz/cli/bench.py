@@ -25,7 +25,13 @@ from mtp_viz.strategies.variants import settings_of, split_variants
 
 def add(sub) -> None:
     p = sub.add_parser("bench", help="run strategies over a prompt suite; tables, CSV, JSON and traces")
-    p.add_argument("--suite", default="spec-bench")
+    p.add_argument(
+        "--suite",
+        default="spec-bench",
+        help="spec-bench (the shipped questions), or a file of your own prompts: Spec-Bench's JSONL "
+        '(one {"question_id", "category", "turns": ["prompt", ...]} a line; the first turn is the prompt) '
+        'or plain text, one prompt a line (category "custom")',
+    )
     p.add_argument("--categories", help="comma-separated, default: all")
     p.add_argument("--limit", type=int, help="prompts per category")
     p.add_argument(
