@@ -13,6 +13,8 @@ from functools import cache
 import torch
 import transformers
 
+DRAFTER_WEIGHTS = "drafter_weights"  # the format a run's drafter ran in: of the run, not of its machine
+
 
 @cache
 def cpu_model() -> str:
@@ -97,7 +99,13 @@ def describe(machine: dict) -> str:
     forward = machine.get("forward", "?")
     ours = f"{machine_label(machine)}; {forward} forward, {compiled}{note}; linear {machine.get('linear', '?')}"
     ours += f"; weights {machine['weights']}" if machine.get("weights") else ""
+    ours += f"; drafter {machine[DRAFTER_WEIGHTS]}" if machine.get(DRAFTER_WEIGHTS) else ""
     return ours + "".join(f"; beside {p}" for p in dict.fromkeys(map(describe_peer, machine.get("peers", {}).values())))
+
+
+def same_machine(a: dict, b: dict) -> bool:
+    """Whether two runs' machine records name one machine and engine (what their drafters ran in aside)."""
+    return {k: v for k, v in a.items() if k != DRAFTER_WEIGHTS} == {k: v for k, v in b.items() if k != DRAFTER_WEIGHTS}
 
 
 def describe_peer(peer: dict) -> str:

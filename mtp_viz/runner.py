@@ -23,7 +23,7 @@ from mtp_viz.loading import (
     resolve_device,
     shared_vocab_size,
 )
-from mtp_viz.machine import machine_info
+from mtp_viz.machine import DRAFTER_WEIGHTS, machine_info
 from mtp_viz.prepare import prepare_engine, warm_up
 from mtp_viz.strategies import get_strategy
 from mtp_viz.strategies.base import DecodeContext, GenerationSettings
@@ -151,6 +151,8 @@ class Run:
             self.engine = prepare_engine([m for m in (self.target, self.draft) if m is not None], wanted)
             if self.request.weights == AUTO:
                 self.engine["weights_choice"] = self.target.weights_why
+            if self.drafting.weights is not None:  # the format its drafter ran in (mtp_viz.loading.drafters)
+                self.engine[DRAFTER_WEIGHTS] = self.drafting.weights
             eagle3 = self.drafting.eagle3
             taps = tuple(eagle3.config.aux_layer_ids) if eagle3 is not None else ()
             for m in (self.target, self.draft):

@@ -14,10 +14,10 @@ from transformers import LlamaConfig
 from mtp_viz.drafters.eagle3 import (
     Eagle3Config,
     Eagle3Drafter,
-    default_aux_layer_ids,
     load_eagle3,
     save_eagle3,
 )
+from mtp_viz.drafters.eagle3_config import default_aux_layer_ids
 from mtp_viz.errors import UserError
 
 H, INTER, HEADS, KV, HD, V, DRAFT_V, TARGET_LAYERS = 32, 48, 4, 2, 8, 40, 16, 30

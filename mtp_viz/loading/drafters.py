@@ -1,6 +1,7 @@
 """What a strategy drafts with, loaded against its target: each drafter kind
 (mtp_viz.drafters.kinds) knows which of the target's registered drafters a run uses and loads it
-once. The runner asks for the kinds its strategy names, best first, and gets one `Drafting`."""
+once, in the target's weight format and on its linear plan. The runner asks for the kinds its
+strategy names, best first, and gets one `Drafting`, which says what format its drafter runs in."""
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -10,11 +11,12 @@ from mtp_viz.drafters.eagle3 import Eagle3Drafter
 from mtp_viz.drafters.heads import MTPHeads
 from mtp_viz.drafters.kinds import DrafterKind
 from mtp_viz.errors import UserError
-from mtp_viz.loading.eagle3 import load_eagle3_for
+from mtp_viz.loading.eagle3 import eagle3_weights, load_eagle3_for
 from mtp_viz.loading.loaded import LoadedModel
 from mtp_viz.loading.pipeline import heads_for
 from mtp_viz.loading.resolve import load_model
 from mtp_viz.registry import load_registry
+from mtp_viz.weights import AUTO, FP32, FormatLinear
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class Drafting:
     draft: LoadedModel | None = None
     heads: MTPHeads | None = None
     eagle3: Eagle3Drafter | None = None
+    weights: str | None = None  # the drafter's weight format as the records say it (None: it is the target)
 
 
 def load_drafting(target: LoadedModel, kinds: tuple[DrafterKind, ...], request: DrafterRequest) -> Drafting:
@@ -79,8 +82,10 @@ def _draft_model(drafting: Drafting, request: DrafterRequest) -> Drafting:
                 f"{drafting.target.name}, so name one with --draft"
             )
         name = entry.drafts[0]
-    draft = load_model(name, request.device, request.dtype, request.weights)
-    return replace(drafting, name=draft.name, draft=draft)
+    # the run's format; `auto` as it was resolved for the target, not chosen anew for the draft alone
+    weights = drafting.target.weights if request.weights == AUTO else request.weights
+    draft = load_model(name, request.device, request.dtype, weights)
+    return replace(drafting, name=draft.name, draft=draft, weights=draft.weights_detail)
 
 
 def _masks(drafting: Drafting, request: DrafterRequest) -> Drafting | None:
@@ -97,12 +102,12 @@ def _masks(drafting: Drafting, request: DrafterRequest) -> Drafting | None:
 
 def _heads(drafting: Drafting, request: DrafterRequest) -> Drafting:
     name, heads = load_heads_for(drafting.target, request.heads)
-    return replace(drafting, name=name, heads=heads)
+    return replace(drafting, name=name, heads=heads, weights=heads_weights(heads))
 
 
 def _eagle3(drafting: Drafting, request: DrafterRequest) -> Drafting:
     name, drafter = load_eagle3_for(drafting.target, request.eagle3)
-    return replace(drafting, name=name, eagle3=drafter)
+    return replace(drafting, name=name, eagle3=drafter, weights=eagle3_weights(drafter, drafting.target.weights))
 
 
 LOADERS: dict[DrafterKind, Callable[[Drafting, DrafterRequest], Drafting | None]] = {
@@ -134,3 +139,11 @@ def load_heads_for(target: LoadedModel, heads: str | None = None) -> tuple[str, 
         registry.get_heads(heads)  # raises with the list of known heads
         raise AssertionError("unreachable")
     return heads, heads_for(target, path)
+
+
+def heads_weights(heads: MTPHeads) -> str:
+    """ "q4 (head q8)": the format MTP heads' layers and their reduced head compute in, read from
+    their modules' types, for the records."""
+    product = heads.head.product
+    layers = next((m.fmt for m in heads.modules() if isinstance(m, FormatLinear) and m is not product), FP32)
+    return f"{layers} (head {product.fmt if product is not None else FP32})"

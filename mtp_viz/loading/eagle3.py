@@ -1,21 +1,28 @@
 """EAGLE-3 drafters for a loaded target: which one a run uses (a registry id, a checkpoint
 folder, or the target's first registered), where its checkpoint lies (a hub repo is fetched once,
-when reachable), and the drafter itself, checked against the target and sharing its embedding."""
+when reachable), and the drafter itself, checked against the target and sharing its embedding,
+run as the target runs: in its weight format and on its linear plan, q|k|v and gate|up fused."""
 
 from pathlib import Path
 from weakref import WeakKeyDictionary
 
 import torch
+from torch import nn
 
-from mtp_viz.drafters.eagle3 import Eagle3Drafter, load_eagle3
+from mtp_viz import native
+from mtp_viz.drafters.eagle3 import Eagle3Drafter, fuse_products, load_eagle3
 from mtp_viz.errors import UserError
+from mtp_viz.kernels import STOCK_PLAN, replace_module, use_fast_linears
 from mtp_viz.loading.loaded import LoadedModel
 from mtp_viz.loading.pipeline import load_lock
 from mtp_viz.loading.sources import hub_reachable
 from mtp_viz.registry import Eagle3Entry, load_registry
+from mtp_viz.weights import FP32, GROUP, Q4, Q8, FormatLinear, convert, head_format
 
 TRAIN_EAGLE3 = "python -m mtp_viz train eagle"
 EAGLE3_FILES = ("config.json", "*.safetensors", "*.bin")  # what a hub checkpoint's download fetches
+BLOCK_FORMATS = (Q4, Q8)  # formats that hold a row's weights in blocks of GROUP
+TORCH_INT4_OUTPUTS = 16  # torch's int4 CPU kernel packs outputs in sixteens (ours takes any count)
 
 
 def load_eagle3_for(target: LoadedModel, eagle3: str | None = None) -> tuple[str, Eagle3Drafter]:
@@ -86,4 +93,54 @@ def _load(target: LoadedModel, entry: Eagle3Entry) -> Eagle3Drafter:
         problems.append(f"aux layers {list(c.aux_layer_ids)} (the target has {layers})")
     if problems:
         raise UserError(f"EAGLE-3 drafter {entry.id} does not fit {target.name}: {'; '.join(problems)}")
-    return drafter.to(target.device)
+    return on_targets_path(drafter.to(target.device), target)
+
+
+def on_targets_path(drafter: Eagle3Drafter, target: LoadedModel) -> Eagle3Drafter:
+    """The drafter as its target runs: each linear in the target's weight format (its head in the
+    format of the target's head) where the linear's shape allows it (`misfit`: else it stays float32),
+    the float32 ones on the target's linear plan, then q|k|v and gate|up fused."""
+    for _, parent, name, linear in _plain_linears(drafter):
+        fmt = _format_for(drafter, linear, target.weights)
+        if fmt != FP32 and misfit(linear, fmt) is None:
+            replace_module(parent, name, convert(linear, fmt))
+    use_fast_linears(drafter, target.plan or STOCK_PLAN)
+    fuse_products(drafter)
+    return drafter
+
+
+def misfit(linear: nn.Linear, fmt: str) -> str | None:
+    """Why `linear` cannot hold its weights in `fmt`, or None when it can."""
+    if fmt in BLOCK_FORMATS and linear.in_features % GROUP:
+        return f"{linear.in_features} inputs, not a multiple of {GROUP}"
+    if fmt == Q4 and not native.available() and linear.out_features % TORCH_INT4_OUTPUTS:
+        return f"{linear.out_features} outputs, not a multiple of {TORCH_INT4_OUTPUTS} (torch's int4 kernel)"
+    return None
+
+
+def eagle3_weights(drafter: Eagle3Drafter, fmt: str) -> str:
+    """How the drafter's products run, for the records, read from its modules' types: "q4 (head q8;
+    q|k|v, gate|up fused)", naming each linear left in float32 in a target's format `fmt`, and why."""
+    head = drafter.lm_head
+    parts = [f"head {head.fmt if isinstance(head, FormatLinear) else FP32}"]
+    for name, _, _, linear in _plain_linears(drafter):
+        if why := misfit(linear, _format_for(drafter, linear, fmt)):
+            parts.append(f"{name} fp32: {why}")
+    parts.append("q|k|v, gate|up fused" if drafter.midlayer.fused is not None else "q|k|v, gate|up apart")
+    return f"{fmt} ({'; '.join(parts)})"
+
+
+def _format_for(drafter: Eagle3Drafter, linear: nn.Module, fmt: str) -> str:
+    """The format a linear of the drafter takes when its target's layers are in `fmt`."""
+    return head_format(fmt) if linear is drafter.lm_head else fmt
+
+
+def _plain_linears(drafter: Eagle3Drafter) -> list[tuple[str, nn.Module, str, nn.Linear]]:
+    """(its name in the drafter, parent, its name in the parent, linear) of each linear holding
+    float32 weights (in no format)."""
+    return [
+        (f"{prefix}.{name}" if prefix else name, parent, name, child)
+        for prefix, parent in drafter.named_modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear) and not isinstance(child, FormatLinear)
+    ]

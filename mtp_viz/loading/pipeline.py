@@ -18,7 +18,7 @@ from torch import nn
 from mtp_viz.drafters.heads import MTPHeads, load_heads
 from mtp_viz.kernels import STOCK_PLAN, Plan, use_fast_linears
 from mtp_viz.linear_plan import tune
-from mtp_viz.loading.derive import derive
+from mtp_viz.loading.derive import derive, own_layers
 from mtp_viz.loading.loaded import LoadedModel, eos_ids
 from mtp_viz.loading.sources import described, read
 from mtp_viz.loading.spec import LoadSpec
@@ -44,8 +44,10 @@ def _load(spec: LoadSpec) -> LoadedModel:  # under load_lock
     base_spec = spec.base
     if base_spec is not None:  # a derived model shares its base's modules, tokenizer and format
         base = _load(base_spec)
-        model, where = derive(spec.entry, next(s for s in spec.entry.sources if s.base), base.model)
-        tokenizer, codes, detail = base.tokenizer, None, base.weights_detail
+        source = next(s for s in spec.entry.sources if s.base)
+        model, where = derive(spec.entry, source, base.model)
+        tokenizer, codes = base.tokenizer, None
+        detail = describe_weights(spec.weights) if own_layers(source) else base.weights_detail
     else:
         found = read(spec)
         model, tokenizer, where, codes = found.model, found.tokenizer, found.source, found.codes

@@ -40,6 +40,7 @@ DRAFT_TREES = (CHAIN, DYNAMIC)
 MAX_DEPTH = 16
 MAX_BRANCHING = 16
 MAX_NODES = 128
+LAST_ROW = slice(-1, None)  # a propose drafts from its last row only: the head scores that row alone
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ class Drafting:
     def __init__(self, drafter, capacity: int):
         self.drafter = drafter
         self.cache = drafter.new_cache(capacity)
-        self.dtype = drafter.fc.weight.dtype
+        self.dtype = drafter.dtype
         self.pending: torch.Tensor | None = None  # (m, F) features of positions cache.length, …
         self.forwards = 0  # drafter forwards so far
         self.committed = 0  # the cache's rows that hold committed positions; tree rows follow them
@@ -173,10 +174,11 @@ class Drafting:
         device = self.pending.device
         tokens = torch.tensor(seq[start + 1 :], dtype=torch.long, device=device)
         positions = torch.arange(start, start + m, device=device)
-        logits, out = self.drafter(self.drafter.fuse(self.pending), tokens, positions, self.cache)  # (m, dV), (m, H)
+        hidden = self.drafter.fuse(self.pending)  # (m, H)
+        logits, out = self.drafter(hidden, tokens, positions, self.cache, read=LAST_ROW)  # (1, dV), (m, H)
         self.pending, self.committed, self.rows, self.root_out = None, start + m, {}, out[-1]
         self.forwards += 1
-        tree = grow(torch.softmax(logits[-1].float(), -1), self.expand, depth, branching, nodes)
+        tree = grow(torch.softmax(logits[0].float(), -1), self.expand, depth, branching, nodes)
         self.cache.crop(self.committed)
         return tree
 

@@ -26,7 +26,8 @@ import torch
 from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from mtp_viz.drafters.eagle3 import Eagle3Config, Eagle3Drafter, default_aux_layer_ids, load_eagle3, save_eagle3
+from mtp_viz.drafters.eagle3 import Eagle3Config, Eagle3Drafter, load_eagle3, save_eagle3
+from mtp_viz.drafters.eagle3_config import default_aux_layer_ids
 from mtp_viz.drafters.vocab import frequent_tokens
 from mtp_viz.training.data import Sequence, load_sequences, shards
 from mtp_viz.training.draft import batches_of

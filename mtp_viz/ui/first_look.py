@@ -7,7 +7,7 @@ import html
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from mtp_viz.machine import machine_label
+from mtp_viz.machine import machine_label, same_machine
 from mtp_viz.registry import Registry
 from mtp_viz.strategies import STRATEGIES
 from mtp_viz.trace import Trace
@@ -32,7 +32,7 @@ def recorded_baseline(trace: Trace, examples: dict[str, Path]) -> Trace | None:
         return None
     for path in examples.values():
         other = Trace.load(path)
-        same_run = other.machine == trace.machine and baseline_key(other) == baseline_key(trace)
+        same_run = same_machine(other.machine, trace.machine) and baseline_key(other) == baseline_key(trace)
         if other.strategy == "autoregressive" and same_run:
             return other
     return None
