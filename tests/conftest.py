@@ -7,6 +7,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -342,7 +343,33 @@ def seed_from(user_cache: Path, user_build: Path, folder: Path) -> None:
         shutil.copy2(codes, folder / CODES_FOLDER / codes.name)
 
 
+# The files that take minutes on the 2-core machine, longest first (`pytest --durations`): started
+# first, so that on the suite's two workers (a file at a time each: --dist loadfile) none of them is
+# left to start when the rest is done. pyproject.toml turns xdist's own order (most tests first) off;
+# the other files keep it.
+LONGEST_FIRST = (
+    "test_vllm_server.py",
+    "test_distribution.py",
+    "test_weights_embedded.py",
+    "test_embedded.py",
+    "test_vllm_eagle3.py",
+    "test_lean.py",
+    "test_browser.py",
+    "test_shipped_drafters.py",
+    "test_weights_embedded_more.py",
+)
+
+
+def run_order(items) -> None:
+    """LONGEST_FIRST's files first, in its order, then the others, those with more tests first; a
+    file's tests keep their order."""
+    tests = Counter(item.path.name for item in items)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -tests[item.path.name], item.path.name))
+
+
 def pytest_collection_modifyitems(config, items):
+    run_order(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -21,12 +21,15 @@ LAYERS = (
     ("strategies", "strategies"),  # decoding algorithms yielding steps
     ("loading", "loading weights_auto"),  # a model and its drafters: resolve, read, derive, format, kernels
     # weight formats, drafters, the lean forward and its caches, the registry
-    ("engine", "cache cuda_graphs drafters format_linear gguf_codes kv_slots lean projections quant registry row_plan static weights"),
+    (
+        "engine",
+        "cache cuda_graphs drafters format_linear gguf_codes kv_slots lean projections quant registry row_plan static "
+        "weights",
+    ),
     (
         "foundation",
-        "__init__ child clock detok errors kernels labels linear_plan machine measured native paths prompts sampling schedule "
-        "theory "
-        "trace visibility",
+        "__init__ child clock detok errors kernels labels linear_plan machine measured native paths prompts sampling "
+        "schedule theory trace visibility",
     ),
 )
 LAYERS = tuple(

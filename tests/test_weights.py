@@ -9,7 +9,7 @@ import torch
 from conftest import decode, perturbed, tiny_model
 from test_greedy_identity import PROMPT, _lossless_runs
 
-from mtp_viz import row_plan
+from mtp_viz import native, row_plan
 from mtp_viz.cache import ENGINE_ENV, ENGINES, LEAN, CachedModel
 from mtp_viz.errors import UserError
 from mtp_viz.kernels import FIXED_PLAN, use_fast_linears
@@ -19,7 +19,6 @@ from mtp_viz.row_plan import PROBED_ROWS
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.trace import VERDICT_ACCEPTED, VERDICT_REJECTED
 from mtp_viz.visibility import tree_visibility
-from mtp_viz import native
 from mtp_viz.weights import (
     BF16,
     FORMATS,

@@ -2,16 +2,18 @@
 is, and every lossless strategy token-identical to autoregressive decoding on the same weights,
 in every format."""
 
+import copy
 from dataclasses import replace
 
 import pytest
 import torch
 
+from mtp_viz import native
 from mtp_viz.loading import load_model
 from mtp_viz.quality import first_divergence
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
-from mtp_viz.weights import BF16, GROUP, Q4, FormatLinear, Q4Linear
+from mtp_viz.weights import BF16, GROUP, Q4, Q8, FormatLinear, Q4Linear, Q8Linear, head_format
 
 pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m"
@@ -33,10 +35,15 @@ def q4_layers(model) -> dict[str, Q4Linear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, Q4Linear)}
 
 
-def test_every_layer_keeps_the_files_codes_and_the_head_stays_fp32(q4):
+def test_every_layer_keeps_the_files_codes_and_the_head_is_q8_beside_our_kernels(q4):
     layers = q4_layers(q4.model)
     assert len(layers) == 210  # 30 layers × q, k, v, o, gate, up, down: the GGUF's Q4_1 matrices
-    assert not isinstance(q4.model.lm_head, FormatLinear)
+    head = q4.model.lm_head
+    if native.available():  # the GGUF's own Q8_0 head codes, float32 logits (weights.head_format)
+        assert isinstance(head, Q8Linear)
+    else:
+        assert not isinstance(head, FormatLinear)
+    assert head_format(Q4) == (Q8 if native.available() else "fp32")
     assert "GGUF Q4_1 codes" in q4.weights_detail
 
 
@@ -51,16 +58,22 @@ def test_the_files_codes_are_the_converted_weights_exactly(fp32, q4):
 
 
 def test_the_kernels_weights_against_the_converted_ones(fp32, q4):
-    """The int4 kernel computes (q − 8)·scale + zero. With float32 activations, scale and zero it
-    multiplies exactly the converted weights; the fast path (bfloat16, as q4 runs) rounds scale and
+    """Our kernel (mtp_viz.native) multiplies the file's q·d + m: exactly the converted weights.
+    torch's int4 kernel, where ours cannot run, computes (q − 8)·scale + zero with bfloat16 scale and
     zero: its largest weight difference is measured here (docs/BENCHMARKS.md quotes it)."""
     reference = dict(fp32.model.named_modules())
     layers = q4_layers(q4.model)
-    fast = max((m.dequantize() - reference[n].weight).abs().max().item() for n, m in layers.items())
+    if native.available():
+        ours = max((m.dequantize() - reference[n].weight).abs().max().item() for n, m in layers.items())
+        assert ours == 0.0
+        name = "model.layers.3.self_attn.q_proj"  # through our kernel itself: an identity input
+        eye = torch.eye(layers[name].in_features)
+        assert (layers[name].product(eye).T - reference[name].weight).abs().max().item() == 0.0
+    name = "model.layers.3.self_attn.q_proj"
+    layer = copy.deepcopy(layers[name]).on_torch_kernel()
+    fast = (layer.dequantize() - reference[name].weight).abs().max().item()
     assert 0 < fast < 0.03
-    name = "model.layers.3.self_attn.q_proj"  # through the kernel itself, float32 path: an identity input
-    layer = layers[name]
-    packed, _ = layer.kernel()
+    packed, _ = layer.kernel()  # through torch's kernel itself, float32 path: an identity input
     eye = torch.eye(layer.in_features)
     exact = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, packed, GROUP, layer.kernel_scales(torch.float32))
     assert (exact.T - reference[name].weight).abs().max().item() == 0.0

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 ENV = "MTP_VIZ_NATIVE"  # 0 turns our kernels off (torch's own then run everywhere)
 SOURCE = Path(__file__).with_name("kernels.cpp")
 NEEDED_FLAGS = ("avx2", "fma", "f16c")
-CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
 BLOCK = 32  # the blocks of 32 weights GGUF's Q4_1 and Q8_0 share a scale in
 
 _lock = threading.Lock()
