@@ -2,10 +2,12 @@
 the trace records of the engine, and warm-up forwards through the paths decoding will use."""
 
 import logging
+import time
 from typing import Any
 
 import torch
 
+from mtp_viz import compiled_choice
 from mtp_viz.cache import LEAN, CachedModel, engine_for
 from mtp_viz.lean import CompileUnavailable, lean_model
 from mtp_viz.loading import LoadedModel
@@ -13,9 +15,11 @@ from mtp_viz.loading import LoadedModel
 log = logging.getLogger(__name__)
 
 
-def prepare_engine(models: list[LoadedModel], compile_wanted: bool) -> dict[str, Any]:
-    """Set each model's lean forward to compiled or eager; what the trace records of the engine:
-    the forward (lean or transformers'), the linear path, compiled or not and what it cost."""
+def prepare_engine(models: list[LoadedModel], compile_mode: str) -> dict[str, Any]:
+    """Set each model's lean forward to compiled or eager (`compile_mode`: on, off, or auto:
+    compiled on a GPU, and on a CPU where it measured faster here, mtp_viz.compiled_choice); what
+    the trace records of the engine: the forward (lean or transformers'), the linear path, compiled
+    or not, why, and what it cost."""
     target = models[0]
     engine: dict[str, Any] = {
         "forward": engine_for(target.model),
@@ -28,16 +32,25 @@ def prepare_engine(models: list[LoadedModel], compile_wanted: bool) -> dict[str,
         lean = lean_model(m.model) if engine_for(m.model) == LEAN else None
         if lean is None:
             continue
-        if not compile_wanted:
-            lean.decompile()
-            continue
+        began = time.perf_counter()
         try:
-            engine["compile_s"] += lean.compile()
-            engine["compiled"] = True
+            if compile_mode == "auto" and lean.device.type == "cpu":
+                wanted, why = compiled_choice.choose(lean, m.model)
+                if m is target:
+                    engine["compile_note"] = why
+            else:
+                wanted = compile_mode == "on" or (compile_mode == "auto" and lean.device.type == "cuda")
+                if wanted:
+                    lean.compile()
         except CompileUnavailable as e:
             log.warning("torch.compile unavailable, running eager: %s", e)
-            engine["compile_note"] = str(e)
-    if compile_wanted and engine["forward"] != LEAN:
+            engine["compile_note"], wanted = str(e), False
+        if wanted:
+            engine["compiled"] = True
+            engine["compile_s"] += time.perf_counter() - began
+        else:
+            lean.decompile()
+    if compile_mode == "on" and engine["forward"] != LEAN:
         engine["compile_note"] = "the model runs on transformers' forward, which is not compiled here"
     return engine
 

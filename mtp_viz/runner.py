@@ -68,7 +68,7 @@ class RunRequest:
     device: str | None = None
     dtype: str | None = None
     record: str = RECORD_FULL
-    compile: str = COMPILE_AUTO  # auto (on a GPU) | on | off: torch.compile of the lean forward
+    compile: str = COMPILE_AUTO  # auto | on | off: the compiled lean forward (mtp_viz.compiled_choice)
     # the weight format of every model of the run (mtp_viz.weights): fp32 | bf16 | int8 | q4, or auto
     # (measured on this machine; the CLI's and the app's default)
     weights: str = FP32
@@ -145,10 +145,8 @@ class Run:
         """Compile (when asked) and warm the models up, outside the timed region. Returns what the
         trace records of the engine; `steps()` calls it when the caller has not."""
         if self.engine is None:
-            wanted = self.request.compile == COMPILE_ON or (
-                self.request.compile == COMPILE_AUTO and self.target.device.type == "cuda"
-            )
-            self.engine = prepare_engine([m for m in (self.target, self.draft) if m is not None], wanted)
+            models = [m for m in (self.target, self.draft) if m is not None]
+            self.engine = prepare_engine(models, self.request.compile)
             if self.request.weights == AUTO:
                 self.engine["weights_choice"] = self.target.weights_why
             if self.drafting.weights is not None:  # the format its drafter ran in (mtp_viz.loading.drafters)

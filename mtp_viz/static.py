@@ -22,8 +22,10 @@ Which models: those the lean forward runs, in fp32 or q4, without LoRA adapters 
 """
 
 import fcntl
+import json
 import logging
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +35,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from mtp_viz import native
+from mtp_viz.child import exit_with_parent
 from mtp_viz.format_linear import FP32, Q4, FormatLinear
 from mtp_viz.kv_slots import StaticKV
 from mtp_viz.machine import machine_key
@@ -274,21 +277,56 @@ def _compile(config: LayerConfig, layer: Layer, path: Path) -> None:
     os.replace(partial, path)
 
 
+def example_layer(config: LayerConfig) -> Layer:
+    """A layer of zeros in `config`'s shapes: all a build needs (the graph takes weights as inputs)."""
+    q_rows = (config.heads + 2 * config.kv_heads) * config.head_dim
+    shapes = ((q_rows, config.hidden), (config.hidden, config.heads * config.head_dim))
+    shapes += ((2 * config.intermediate, config.hidden), (config.hidden, config.intermediate))
+    products: list[torch.Tensor] = []
+    for n, k in shapes:
+        if config.fmt == Q4:
+            blocks = torch.zeros(n, k // native.BLOCK, dtype=torch.float16)
+            products += [torch.zeros(n, k // 2, dtype=torch.uint8), blocks, blocks.clone()]
+        else:
+            products.append(torch.zeros(n, k))
+    norm = torch.ones(config.hidden)
+    return Layer(norm, norm.clone(), torch.zeros(q_rows), tuple(products))
+
+
+def ready(config: LayerConfig) -> bool:
+    """Whether this machine's compiled layer for `config` is in the build cache (loads in seconds)."""
+    return package_path(config).is_file()
+
+
+def build(config: LayerConfig) -> bool:
+    """This machine's compiled layer for `config` in the build cache: compiled now unless there
+    (once per machine and model shape; another process building it is waited for). Returns whether
+    it was compiled here."""
+    path = package_path(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one process compiles; the others then load its package
+        if path.is_file():
+            return False
+        log.warning("compiling the static forward (%s) for this machine once (~1 min)", config.fmt)
+        _compile(config, example_layer(config), path)
+        return True
+
+
 def load_or_compile(lean) -> StaticForward:
     """The lean model's static forward: its compiled layer read from the cache, or compiled now
-    (once per machine and model shape; other processes wait for it). RuntimeError says why not."""
+    (`build`). RuntimeError says why not."""
     packed = pack(lean)
     if isinstance(packed, str):
         raise RuntimeError(packed)
     config, layers = packed
-    path = package_path(config)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    started, built = time.perf_counter(), False
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one process compiles; the others then load its package
-        if not path.is_file():
-            log.warning("compiling the static forward of %s for this machine once (~1 min)", lean.name)
-            _compile(config, layers[0], path)
-            built = True
-    runner = torch._inductor.aoti_load_package(str(path))
+    started = time.perf_counter()
+    built = build(config)
+    runner = torch._inductor.aoti_load_package(str(package_path(config)))
     return StaticForward(lean, config, layers, runner, time.perf_counter() - started, built)
+
+
+if __name__ == "__main__":  # a build in a process of its own (mtp_viz.compiled_choice): the LayerConfig as JSON
+    exit_with_parent()
+    os.nice(10)  # the user's runs first
+    build(LayerConfig(**json.loads(sys.argv[1])))

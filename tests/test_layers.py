@@ -17,7 +17,7 @@ LAYERS = (
     ("ui", "ui"),  # Gradio layout and callbacks
     ("viz", "viz"),  # traces → HTML, figures, tables
     ("applications", "bench deploy llama_peers llama_worker peers profile quality serving training"),
-    ("runner", "prepare runner"),  # a request → a strategy's run → a trace
+    ("runner", "compiled_choice prepare runner"),  # a request → a strategy's run → a trace
     ("strategies", "strategies"),  # decoding algorithms yielding steps
     ("loading", "loading weights_auto"),  # a model and its drafters: resolve, read, derive, format, kernels
     # weight formats, drafters, the lean forward and its caches, the registry

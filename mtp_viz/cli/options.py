@@ -6,7 +6,10 @@ from mtp_viz.runner import COMPILE_CHOICES
 from mtp_viz.serving.backend import BACKEND_OURS, BACKENDS
 from mtp_viz.weights import AUTO, CHOICES
 
-COMPILE_HELP = "torch.compile the lean forward: auto (on a GPU), on, off; compiled once, outside the timing"
+COMPILE_HELP = (
+    "the compiled lean forward: auto (on a GPU; on a CPU where it measured faster, built here once), on, off; "
+    "outside the timing"
+)
 
 
 def add_compile(p: argparse.ArgumentParser) -> None:

@@ -49,9 +49,9 @@ def api_run(
 ) -> dict:
     """Decode one prompt with one strategy; returns the trace as JSON (docs/trace-format.md).
     `settings`: any of the strategy's settings by name (README), e.g. {"tree": "chain", "tau": 0.8}.
-    `compile`: auto (on a GPU) | on | off, torch.compile of the lean forward (the trace's `machine` says
-    what happened). `weights`: auto | fp32 | bf16 | int8 | q4, the models' weight format (the trace's
-    `machine` says which ran, and for auto why)."""
+    `compile`: auto (on a GPU; on a CPU where it measured faster) | on | off, the compiled lean
+    forward (the trace's `machine` says what happened). `weights`: auto | fp32 | bf16 | int8 | q4,
+    the models' weight format (the trace's `machine` says which ran, and for auto why)."""
     named = {"num_draft_tokens": num_draft_tokens, "max_ngram_size": max_ngram_size, "min_ngram_size": min_ngram_size}
     named = {k: v for k, v in named.items() if v is not None}  # given on purpose: the strategy must have them
     generation = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
