@@ -102,7 +102,7 @@ def cost_of(
         _, drafter = load_eagle3_for(target, extra)
         params = own_parameters(drafter, target.model)
         c = drafter.config  # its one layer's KV cache
-        memory = 2 * c.num_key_value_heads * c.head_dim * context * drafter.fc.weight.element_size()
+        memory = 2 * c.num_key_value_heads * c.head_dim * context * drafter.dtype.itemsize
         extra_models = 1
         training = "an EAGLE-3 drafter, self-distilled from the target with training-time test"
     weights = sum(p.numel() * p.element_size() for p in params)

@@ -27,6 +27,7 @@ import logging
 import os
 import sys
 import time
+import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -204,15 +205,18 @@ class StaticForward:
     def __init__(self, lean, config: LayerConfig, layers: list[Layer], runner, seconds: float, built: bool):
         self.lean, self.config, self.layers, self.runner = lean, config, layers, runner
         self.seconds, self.built = seconds, built  # what getting the package cost, and whether it was compiled now
-        self._views: tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+        self._views: tuple[weakref.ref, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     def fits(self, rows: int) -> bool:
         return 1 <= rows <= MAX_ROWS
 
     def views(self, kv: StaticKV) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each layer's keys and values (kv_heads, capacity, d) in the cache, made again when it grew."""
-        if self._views is None or self._views[0] != id(kv.data):
-            self._views = (id(kv.data), [(kv.data[i, 0], kv.data[i, 1]) for i in range(len(self.layers))])
+        """Each layer's keys and values (kv_heads, capacity, d) in the cache, made again for another
+        cache or when it grew. Known by a weak reference to the cache's tensor: an id() would be
+        reused by the next cache allocated once this one is freed, and its views would then read
+        freed memory (garbage tokens from a run's first one)."""
+        if self._views is None or self._views[0]() is not kv.data:
+            self._views = (weakref.ref(kv.data), [(kv.data[i, 0], kv.data[i, 1]) for i in range(len(self.layers))])
         return self._views[1]
 
     def run(

@@ -6,6 +6,7 @@ still compiled at the end: a compiled forward that fails falls back to eager wit
 would otherwise let a broken graph pass as identical."""
 
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from conftest import OracleHeads, decode, hf_greedy, perturbed, tiny_model
 from optional import require
 from test_mask_mtp import V, random_adapter
 
+from mtp_viz import static
 from mtp_viz.lean import MIN_CAPACITY, compile_unavailable, lean_model
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.strategies.mtp_heads import DEFAULT_TREE
@@ -93,3 +95,17 @@ def test_mask_spec_compiled_equals_eager():
     assert out == eager == ar
     assert grew(steps)
     assert any(s.accepted for s in steps)  # the masks' guesses were verified, not only drafted
+
+
+def test_the_layer_views_follow_each_new_cache_even_at_a_reused_id(monkeypatch):
+    """The compiled forward keeps each layer's key/value views of the cache it last ran on. A run's
+    new cache can be allocated where the last one's freed tensor was, at the same id(): views keyed
+    by id read the old cache (a Spec-Bench run wrote garbage from its first token). Every id here is
+    the same, as if always reused."""
+    monkeypatch.setattr(static, "id", lambda obj: 0, raising=False)
+    forward = static.StaticForward.__new__(static.StaticForward)
+    forward.layers, forward._views = [None, None], None
+    for i in range(3):
+        kv = SimpleNamespace(data=torch.full((2, 2, 1, 4, 2), float(i)))
+        keys, values = forward.views(kv)[1]
+        assert keys.data_ptr() == kv.data[1, 0].data_ptr() and values.data_ptr() == kv.data[1, 1].data_ptr()
