@@ -306,6 +306,8 @@ def build(config: LayerConfig) -> bool:
     """This machine's compiled layer for `config` in the build cache: compiled now unless there
     (once per machine and model shape; another process building it is waited for). Returns whether
     it was compiled here."""
+    if reason := native.unavailable():  # builds (once) and loads the kernels the graph calls
+        raise RuntimeError(f"mtp-viz's CPU kernels are unavailable ({reason})")
     path = package_path(config)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:

@@ -5,11 +5,13 @@ of its own for the app, stopped with it). Every choice decodes the same tokens."
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
 from conftest import decode, running, tiny_model
 from optional import require
+from torch._dynamo.utils import counters
 
 from mtp_viz import compiled_choice, measured, paths, static
 from mtp_viz.lean import compile_unavailable, lean_model
@@ -60,7 +62,13 @@ def test_the_foreground_build_measures_once_records_and_decodes_the_same(model, 
     assert record["compiled"] == (record["compiled_ms"] < record["eager_ms"])
     assert engine["compiled"] == record["compiled"] == lean_model(model).compiled
     assert "x eager" in engine["compile_note"]
+    lean_model(model).compile()
+    traced = dict(counters["stats"])  # dynamo's: frames traced, graphs made
     assert decode(model, "autoregressive", PROMPT, GENERATION)[0] == eager
+    assert decode(model, "speculative", PROMPT, GENERATION, draft=model, num_draft_tokens=3)[0] == eager
+    assert dict(counters["stats"]) == traced  # the compiled forward traces and recompiles nothing at run time
+    torch.compile(lambda x: x * 2, backend="eager")(torch.ones(2))
+    assert dict(counters["stats"]) != traced  # which the counters would have shown
     monkeypatch.setattr(compiled_choice, "measure", lambda lean, m: pytest.fail("measured again"))
     for said in (True, False):  # a later start reads the record, whatever it says
         measured.write(path, record | {"compiled": said})
@@ -92,10 +100,14 @@ def test_the_app_builds_in_a_process_of_its_own_and_stops_it(model, own_cache, m
 
 
 def test_the_build_process_builds_the_layer_its_argument_names(model):
-    """`python -m mtp_viz.static CONFIG` for the tiny model's layer, built already (by the test
-    above or test_lean): the process parses its argument, finds the package, and exits 0."""
+    """`python -m mtp_viz.static CONFIG`, as the app starts it, for a layer not built yet (the tiny
+    model's with a wider MLP): the process loads our kernels, compiles the layer from its config
+    alone and exits 0; the package is then where a load looks for it."""
     config, _ = static.pack(lean_model(model))
-    static.build(config)
-    done = subprocess.run(compiled_choice.build_command(config), capture_output=True, text=True, timeout=300)
+    config = replace(config, intermediate=config.intermediate + 32)
+    static.package_path(config).unlink(missing_ok=True)
+    assert not static.ready(config)
+    done = subprocess.run(compiled_choice.build_command(config), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert static.ready(config)
+    static.package_path(config).unlink()

@@ -8,15 +8,14 @@ The prompt comes from the training prompts' generator but was not among the trai
 1.0). The thresholds sit well below those values; docs/training.md has the held-out Spec-Bench figures."""
 
 import json
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import decode
+from conftest import RECORDED_CHOICE, decode, recorded_weight_choice
 
-from mtp_viz import measured, weights_auto
+from mtp_viz import weights_auto
 from mtp_viz.drafters import mask
 from mtp_viz.drafters.draft import build_draft, read_spec
 from mtp_viz.drafters.heads import HeadsSpec, build_heads
@@ -28,7 +27,7 @@ from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.training.data import DataConfig, pre_query_ids
 from mtp_viz.training.eagle import build_drafter
 from mtp_viz.training.prompts import instruction_prompts, math_prompts
-from mtp_viz.weights import AUTO, BF16, FP32, INT8, Q4
+from mtp_viz.weights import AUTO, FP32
 
 pytestmark = pytest.mark.slow
 MODEL, DRAFT, HEADS, MASK = "smollm2-135m", "smollm2-135m-draft", "smollm2-135m-mtp", "smollm2-135m-mask"
@@ -157,48 +156,16 @@ def test_shipped_eagle3_drafter_loads_and_beats_an_untrained_one(target, prompt_
     assert trained > 1.8 and trained > untrained + 0.5, (trained, untrained)  # tokens per target forward
 
 
-# What `weights=auto` measured for the embedded model on the 2-core AMD EPYC (one-token forward,
-# ms; agreement with fp32's greedy tokens on the held-out prompts): q4 the fastest of those above
-# the floor, and lossless there. Recorded here so the test reads a choice instead of measuring one
-# (~8 minutes); tests/test_weights_auto.py measures on a tiny model.
-RECORDED_CHOICE = Q4
-RECORDED = {FP32: (None, 141.6), BF16: (0.9892, 105.9), INT8: (0.9688, 95.1), Q4: (0.9904, 87.8)}
-
-
-@pytest.fixture
-def recorded_auto_choice(target):
-    """The suite's cache holds a weight-format choice for the embedded model, as a measurement on
-    this machine leaves it (mtp_viz.weights_auto), and loses it afterwards; returns its record."""
-    formats = {
-        fmt: {"forward_ms": ms, "spread": 0.0, "lossless": True, **({} if agree is None else {"agreement": agree})}
-        for fmt, (agree, ms) in RECORDED.items()
-    }
-    record = {
-        "version": weights_auto.RECORD_VERSION,
-        "chosen": RECORDED_CHOICE,
-        "settled": True,
-        "formats": formats,
-        "floor": weights_auto.AGREEMENT_FLOOR,
-        "measured_at": measured.stamp(time.time()),
-        "load_average": measured.load_average(),
-    }
-    path = weights_auto.record_path(MODEL, target.model)
-    assert not path.exists(), "the suite cache should start without a weight choice"
-    weights_auto.save_record(MODEL, target.model, record)
-    yield record
-    path.unlink()
-
-
 @pytest.mark.parametrize("weights", [FP32, AUTO])
-def test_eagle_with_the_shipped_drafter_is_autoregressive_decoding(weights, request):
-    """Greedy, on the embedded model in fp32 and in the weights `auto` picks on this machine: a chain
-    and a dynamic tree emit exactly the autoregressive tokens. For auto the suite's cache holds the
-    choice a measurement here recorded (recorded_auto_choice: q4), so auto reads that record and
-    runs in its format; measuring a choice is tests/test_weights_auto.py's."""
+def test_eagle_with_the_shipped_drafter_is_autoregressive_decoding(weights):
+    """Greedy, on the embedded model in fp32 and in the weights `auto` picks: a chain and a dynamic
+    tree emit exactly the autoregressive tokens. For auto the suite reads the choice recorded on the
+    project's machine (conftest.RECORDED_CHOICE: q4) and runs in its format; measuring a choice is
+    tests/test_weights_auto.py's."""
     runs_in, why = weights, None
     if weights == AUTO:
         runs_in = RECORDED_CHOICE
-        why = weights_auto.describe_record(request.getfixturevalue("recorded_auto_choice"))
+        why = weights_auto.describe_record(recorded_weight_choice())
     generation = GenerationSettings(max_new_tokens=TOKENS)
     base = RunRequest(prompt=PROMPT, model=MODEL, generation=generation, weights=weights)
     reference = run(base)
