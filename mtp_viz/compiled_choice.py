@@ -94,7 +94,8 @@ def start_background_build(config: static.LayerConfig) -> str:
 
 
 def build_command(config: static.LayerConfig) -> list[str]:
-    return [sys.executable, "-m", "mtp_viz.static", json.dumps(asdict(config))]
+    """The build process's command: the config, and this process's threads (the package is keyed by them)."""
+    return [sys.executable, "-m", "mtp_viz.static", json.dumps(asdict(config)), str(torch.get_num_threads())]
 
 
 def stop_builds() -> None:

@@ -332,7 +332,8 @@ def load_or_compile(lean) -> StaticForward:
     return StaticForward(lean, config, layers, runner, time.perf_counter() - started, built)
 
 
-if __name__ == "__main__":  # a build in a process of its own (mtp_viz.compiled_choice): the LayerConfig as JSON
+if __name__ == "__main__":  # a build in a process of its own (mtp_viz.compiled_choice): LayerConfig JSON, threads
     exit_with_parent()
+    torch.set_num_threads(int(sys.argv[2]))  # the starting process's: machine_key, hence the package's path, has them
     os.nice(10)  # the user's runs first
     build(LayerConfig(**json.loads(sys.argv[1])))
