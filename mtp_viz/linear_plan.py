@@ -1,36 +1,32 @@
 """The linear plan (mtp_viz.kernels) for a model on this machine: measured so that a busy machine
-cannot decide it, cached with how it was measured, measured again on demand.
+cannot decide it, with how it was measured (mtp_viz.kernel_plan reads, applies and records it).
 
-On first load `tune` times both ways on the model's own weight shapes, for every row count in
+On first load `measure_plan` times both ways on the model's own weight shapes, for every row count in
 MEASURED_ROWS (a bucket), in rounds: each round times every bucket both ways back to back, so the
 machine's drift hits both alike. The fast way is chosen only where it wins clearly (by MARGIN in
 the median, in most rounds). A bucket whose rounds disagree (spread beyond MAX_SPREAD: another job
 used the CPU) is measured again, at most RETRIES times (none when most buckets are noisy: a busy
 machine); still noisy, it decides nothing (stock for its rows), and the plan serves only
 RETRY_AFTER_S before a load measures it again. Plans are cached with when, by what and under what
-load they were measured (a record without that is not trusted), keyed by the machine (CPU model
-and flags, threads, torch, BLAS: mtp_viz.machine) and the weight shapes, so later loads pay nothing.
-`python -m mtp_viz tune` and the Theory tab measure again. The record is kept by mtp_viz.measured.
+load they were measured (a record without that is not trusted: `valid_record`), keyed by the
+machine (CPU model and flags, threads, torch, BLAS: mtp_viz.machine) and the weight shapes, so
+later loads pay nothing. `python -m mtp_viz tune` and the Theory tab measure again.
 """
 
-import logging
 import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from mtp_viz import measured
-from mtp_viz.kernels import FAST, FIXED_PLAN, MAX_ROWS, STOCK, STOCK_PLAN, Plan, mode, plain_linears
+from mtp_viz.kernels import FAST, MAX_ROWS, STOCK, Plan, plain_linears
 from mtp_viz.machine import machine_info
 from mtp_viz.measured import RETRY_AFTER_S, load_average, still_good
-
-log = logging.getLogger(__name__)
 
 MEASURED_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)  # row counts timed; others use the next
 ROUNDS = 5  # timed rounds per bucket, after one warm-up round
@@ -40,10 +36,9 @@ MAX_SPREAD = 0.15  # a bucket is noisy when either way's rounds spread more (int
 RETRIES = 2  # ... and is then measured again, all rounds anew, at most this many times,
 BUSY_SHARE = 0.5  # unless more than this share of the buckets is noisy: the machine is busy, retrying won't help
 TUNE_BYTES = 48 * 2**20  # time the head and layer weights of this size (beyond an L3), or all of them
-FOLDER, PLAN_VERSION = "kernels", 2  # version 1 did not record how it was measured: measured again
+PLAN_VERSION = 2  # version 1 did not record how it was measured: measured again
 # a record lacking any of these is measured again rather than trusted
 RECORDED = ("measured_at", "by", "machine", "load_average", "rounds", "max_spread", "settled", "noisy_rows", "buckets")
-SECTIONS = ("rows",)  # what else a plan record holds (mtp_viz.row_plan), kept when the plan is measured again
 BY_LOAD, BY_COMMAND, BY_APP = "first load", "python -m mtp_viz tune", "the app's Theory tab"
 
 
@@ -200,7 +195,7 @@ class Measurement:
         return out
 
     def record(self) -> dict:
-        """The plan as cached: what `tune` reads back, and what the CLI and the Theory tab show."""
+        """The plan as cached: what `cached_plan` reads back, and what the CLI and the Theory tab show."""
         return {
             "version": PLAN_VERSION,
             "padded": list(self.plan.padded),
@@ -228,50 +223,28 @@ def describe_record(record: dict) -> str:
     return line
 
 
-def plan_path(model: nn.Module) -> Path:
-    """This machine's plan record for the model's linear shapes (mtp_viz.measured)."""
-    shapes = sorted({tuple(m.weight.shape) for m in plain_linears(model)})
-    return measured.record_path(FOLDER, measured.fingerprint(repr(shapes)))
+def valid_record(record: dict) -> bool:
+    """Whether a kernel-plan record's linear half is to be trusted: this version, and how it was
+    measured (a record without that is measured again rather than trusted)."""
+    return measured.valid(record, PLAN_VERSION, RECORDED, lambda r: len(r.get("padded", ())) == MAX_ROWS + 1)
 
 
-def read_record(path: Path) -> dict | None:
-    """The plan record cached at `path`; None when there is none, or it is of an older version or
-    lacks how it was measured (so it is measured again rather than trusted)."""
-    return measured.read(path, PLAN_VERSION, RECORDED, lambda r: len(r.get("padded", ())) == MAX_ROWS + 1)
-
-
-def machine_records() -> list[dict]:
-    """This machine's cached plan records (every model's shapes), newest first."""
-    records = [r for r in map(read_record, measured.machine_paths(FOLDER)) if r is not None]
-    return sorted(records, key=lambda r: r["measured_at"], reverse=True)
-
-
-def tune(model: nn.Module, measure_fn: MeasureFn | None = None) -> Plan:
-    """The plan for `model` on this machine: by MTP_VIZ_LINEAR, else cached, else measured now."""
-    chosen = mode()
-    if chosen == STOCK:
-        return STOCK_PLAN
-    if chosen == FAST:
-        return FIXED_PLAN
-    record = read_record(plan_path(model))
-    if record is not None and still_good(record, time.time()):
+def cached_plan(record: dict, now: float) -> Plan | None:
+    """The linear plan a record holds, while it serves (mtp_viz.measured.still_good); else None."""
+    if valid_record(record) and still_good(record, now):
         return Plan(tuple(record["padded"]), "cached")
-    log.warning("timing the linear kernels on this machine for this model's shapes (a few seconds)")
-    result = remeasure(model, BY_LOAD, measure_fn=measure_fn)
-    log.warning("linear path: %s", describe_record(result.record()))
-    return result.plan
+    return None
 
 
-def remeasure(
+def measure_plan(
     model: nn.Module,
     by: str,
-    write: bool = True,
     rounds: int = ROUNDS,
     measure_fn: MeasureFn | None = None,
     stopped: Callable[[], bool] | None = None,
 ) -> Measurement:
-    """Measure the plan for `model` now, whatever MTP_VIZ_LINEAR says, and cache it unless not
-    `write`. `measure_fn(model, rows)` gives those buckets' timings (tests script it)."""
+    """The linear plan for `model` measured now (nothing written: mtp_viz.kernel_plan records it).
+    `measure_fn(model, rows)` gives those buckets' timings (tests script it)."""
     if measure_fn is None:
         weights = tuning_weights(model)
         measure_fn = lambda _, rows: measure(weights, rows, rounds, stopped=stopped)  # noqa: E731
@@ -288,7 +261,4 @@ def remeasure(
         "retries": RETRIES,
         "seconds": round(time.time() - started, 2),
     }
-    result = Measurement(Plan(choose(timings), "measured"), timings, tries, how)
-    if write:
-        measured.write(plan_path(model), result.record(), keep=SECTIONS, what="the linear plan")
-    return result
+    return Measurement(Plan(choose(timings), "measured"), timings, tries, how)

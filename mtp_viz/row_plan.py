@@ -18,7 +18,7 @@ format is not lossless here: its plan says so and where a row parts, the trace's
 (`linear`) and `tune` print it, and `auto` (mtp_viz.weights_auto) does not choose the format.
 
 Measured on first load per machine and model shapes, kept in the kernel plan's record
-(mtp_viz.linear_plan, section "rows"), measured again by `python -m mtp_viz tune`. Calls beyond
+(mtp_viz.kernel_plan, section "rows"), measured again by `python -m mtp_viz tune`. Calls beyond
 MAX_ROWS rows (prefill, training) run as they come, as the kernel plan's do.
 """
 
@@ -34,7 +34,7 @@ from torch import nn
 from mtp_viz import measured
 from mtp_viz.kernels import MAX_ROWS, RAW_ROWS, FastLinear, RowPlan, fast_linear
 from mtp_viz.lean import lean_model
-from mtp_viz.linear_plan import BY_LOAD, MARGIN, MAX_SPREAD, WIN_SHARE, plan_path, spread
+from mtp_viz.linear_plan import BY_LOAD, MARGIN, MAX_SPREAD, WIN_SHARE, spread
 from mtp_viz.machine import machine_info
 from mtp_viz.projections import Concat, FusedLinear, StackedLoRA, base_linear, plan_of_linear
 from mtp_viz.weights import FP32, FormatLinear
@@ -194,25 +194,21 @@ def plan_of_record(entry: dict) -> RowPlan:
     return RowPlan(**entry["plan"])
 
 
-def row_plans(model: nn.Module, by: str = BY_LOAD, again: bool = False, write: bool = True) -> dict[str, dict]:
-    """Per format `model` computes in: its row-plan record on this machine, cached in the kernel
-    plan's record, else (or when `again`) measured now and cached unless not `write`."""
-    path = plan_path(model)
-    cached = measured.read_raw(path).get(SECTION, {})
-    out = {}
+def plans_for(model: nn.Module, cached: dict | None, by: str = BY_LOAD) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Per format `model` computes in: its row-plan entry, from `cached` (a record's section, keyed
+    by `entry_key`) where it holds for these products, else probed now; and the entries probed now,
+    by key (the caller records them)."""
+    out, probed = {}, {}
     for fmt, found in products(model).items():
         key = entry_key(fmt, found)
-        entry = cached.get(key)
-        if again or not _good(entry, found):
-            if not again:
-                log.warning("checking that %s products are row-invariant on this machine (once)", fmt)
-            entry = measure(fmt, found, by=by)
-            if write:
-                measured.write_entry(path, SECTION, key, entry, what="the row plans")
+        entry = (cached or {}).get(key)
+        if not _good(entry, found):
+            log.warning("checking that %s products are row-invariant on this machine (once)", fmt)
+            entry = probed[key] = measure(fmt, found, by=by)
             if not entry["plan"]["exact"]:
                 log.warning("%s is not lossless on this machine: %s", fmt, entry["plan"]["why"])
         out[fmt] = entry
-    return out
+    return out, probed
 
 
 def entry_key(fmt: str, found: list) -> str:
@@ -240,11 +236,9 @@ def use_row_plans(model: nn.Module, plans: dict[str, RowPlan]) -> nn.Module:
     return model
 
 
-def plan_rows(model: nn.Module, by: str = BY_LOAD) -> dict[str, dict]:
-    """Measure (or read) and apply `model`'s row plans on this machine: the records, per format."""
-    records = row_plans(model, by)
-    use_row_plans(model, {fmt: plan_of_record(e) for fmt, e in records.items()})
-    return records
+def apply(model: nn.Module, entries: dict[str, dict]) -> nn.Module:
+    """Give `model`'s products the row plans of these entries (per format), in place."""
+    return use_row_plans(model, {fmt: plan_of_record(e) for fmt, e in entries.items()})
 
 
 def applied(model: nn.Module) -> dict[str, RowPlan]:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtp_viz import linear_plan, loading, paths
+from mtp_viz import kernel_plan, loading, paths
 from mtp_viz.detok import TextTracker
 from mtp_viz.loading import encode_prompt, load_model, sources
 from mtp_viz.peers import HF_GENERATE, run_peer
@@ -104,7 +104,7 @@ def test_token_texts_concatenate_to_the_decoded_text(smol, text):
 def test_gguf_is_converted_once_then_loaded_from_the_cache(smol, tmp_path, monkeypatch):
     """In a cache without the model's converted copy. The linear plans the suite's cache measured
     for it (smol's load) come along: what a load measures is not this test's subject."""
-    shutil.copytree(paths.cache_root() / linear_plan.FOLDER, tmp_path / linear_plan.FOLDER)
+    shutil.copytree(paths.cache_root() / kernel_plan.FOLDER, tmp_path / kernel_plan.FOLDER)
     monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     sources.hub_reachable.cache_clear()

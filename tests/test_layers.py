@@ -23,7 +23,7 @@ LAYERS = (
     # weight formats, drafters, the lean forward and its caches, the registry
     (
         "engine",
-        "cache cuda_graphs drafters format_linear gguf_codes kv_slots lean projections quant registry row_plan static "
+        "cache cuda_graphs drafters format_linear gguf_codes kv_slots lean projections quant registry kernel_plan row_plan static "
         "weights",
     ),
     (

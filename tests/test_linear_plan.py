@@ -15,6 +15,7 @@ from torch import nn
 
 from mtp_viz import kernels, linear_plan
 from mtp_viz.cli import main
+from mtp_viz.kernel_plan import machine_records, plan_path, read_record, remeasure, tune
 from mtp_viz.kernels import FAST, FIXED_PLAN, MAX_ROWS, STOCK, STOCK_PLAN, Plan, plan_of
 from mtp_viz.linear_plan import (
     BY_APP,
@@ -27,14 +28,9 @@ from mtp_viz.linear_plan import (
     Stopped,
     choose,
     describe_record,
-    machine_records,
     measure,
     noisy,
-    plan_path,
-    read_record,
-    remeasure,
     spread,
-    tune,
 )
 from mtp_viz.weights import BF16, FP32, INT8, Q4
 
@@ -200,7 +196,7 @@ def test_a_bucket_still_noisy_stays_on_stock_and_the_plan_is_measured_again_late
     model = nn.Sequential(nn.Linear(4, 8))
     script = Script(*[{2}] * (RETRIES + 1))
     with caplog.at_level(logging.WARNING, logger="mtp_viz.linear_plan"):
-        plan = tune(model, script)
+        plan = tune(model, measure_fn=script)
     assert len(script.asked) == RETRIES + 1  # bounded
     assert plan.padded[2] == 0 and plan.padded[1] == 1 and plan.padded[3] == 3  # the others keep theirs
     record = read_record(plan_path(model))
@@ -209,10 +205,10 @@ def test_a_bucket_still_noisy_stays_on_stock_and_the_plan_is_measured_again_late
     said = [m for m in caplog.messages if "too noisy" in m]
     assert len(said) == 1 and "\n" not in said[0] and "rows 2 " in said[0] and BY_COMMAND in said[0]
 
-    assert tune(model, script).padded == plan.padded and len(script.asked) == RETRIES + 1  # kept a while ...
+    assert tune(model, measure_fn=script).padded == plan.padded and len(script.asked) == RETRIES + 1  # kept a while ...
     aged = datetime.now(UTC) - timedelta(seconds=RETRY_AFTER_S + 60)
     plan_path(model).write_text(json.dumps({**record, "measured_at": aged.isoformat()}))
-    again = tune(model, script)  # ... then measured again: quiet now, so 2 rows go fast
+    again = tune(model, measure_fn=script)  # ... then measured again: quiet now, so 2 rows go fast
     assert len(script.asked) == RETRIES + 2 and again.padded[2] == 2
     assert read_record(plan_path(model))["settled"] is True
 
@@ -228,23 +224,49 @@ def test_modes_and_the_cache(cache):
     model = nn.Sequential(nn.Linear(4, 8))
     script = Script()
     os.environ[kernels.ENV] = STOCK  # the fixture restores it
-    assert tune(model, script) is STOCK_PLAN
+    assert tune(model, measure_fn=script) is STOCK_PLAN
     os.environ[kernels.ENV] = FAST
-    assert tune(model, script) is FIXED_PLAN
+    assert tune(model, measure_fn=script) is FIXED_PLAN
     assert script.asked == []
     os.environ[kernels.ENV] = kernels.AUTO
-    first = tune(model, script)
+    first = tune(model, measure_fn=script)
     assert first.source == "measured" and first.padded[2] == 2 and len(script.asked) == 1
-    again = tune(model, script)  # a later load: from the cache, nothing timed
+    again = tune(model, measure_fn=script)  # a later load: from the cache, nothing timed
     assert again.source == "cached" and again.padded == first.padded and len(script.asked) == 1
-    tune(nn.Sequential(nn.Linear(4, 16)), script)  # other shapes: measured anew
+    tune(nn.Sequential(nn.Linear(4, 16)), measure_fn=script)  # other shapes: measured anew
     assert len(script.asked) == 2
+
+
+def test_a_load_reads_the_record_once_measures_what_is_missing_and_writes_once(cache, monkeypatch):
+    """The kernel plan is one pass (mtp_viz.kernel_plan): both halves in one record, read once a
+    load; a first load measures both and writes once, a later one measures and writes nothing."""
+    from mtp_viz import measured, row_plan
+
+    reads, writes = [], []
+    monkeypatch.setattr(measured, "read_raw", _counting(measured.read_raw, reads))
+    monkeypatch.setattr(measured, "write", _counting(measured.write, writes))
+    model = nn.Sequential(nn.Linear(4, 8))
+    plan = tune(model, measure_fn=Script())
+    assert (len(reads), len(writes)) == (1, 1) and plan.source == "measured"
+    record = json.loads(plan_path(model).read_text())
+    assert record["padded"] == list(plan.padded) and set(record["rows"]) == {"fp32 (" + plan.describe() + ")"}
+    monkeypatch.setattr(row_plan, "measure", lambda *a, **k: pytest.fail("row plans probed again"))
+    again = tune(nn.Sequential(nn.Linear(4, 8)), measure_fn=lambda *a: pytest.fail("linear path timed again"))
+    assert (len(reads), len(writes)) == (2, 1) and again.source == "cached"
+
+
+def _counting(fn, calls: list):
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return fn(*args, **kwargs)
+
+    return counted
 
 
 def test_the_record_says_when_and_how_it_was_measured(cache, monkeypatch):
     monkeypatch.setattr(os, "getloadavg", lambda: (3.5, 2.25, 1.0))
     model = nn.Sequential(nn.Linear(4, 8))
-    tune(model, Script())
+    tune(model, measure_fn=Script())
     record = read_record(plan_path(model))
     assert datetime.fromisoformat(record["measured_at"]).tzinfo is not None
     assert record["by"] == BY_LOAD and record["load_average"] == [3.5, 2.25, 1.0]
@@ -277,7 +299,7 @@ def test_an_old_plan_or_one_without_how_it_was_measured_is_measured_again(cache,
         del old[drop]
     plan_path(model).write_text(json.dumps(old))
     script = Script()
-    plan = tune(model, script)
+    plan = tune(model, measure_fn=script)
     assert plan.source == "measured" and len(script.asked) == 1
 
 

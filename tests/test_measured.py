@@ -8,7 +8,7 @@ import time
 import pytest
 from conftest import tiny_model
 
-from mtp_viz import linear_plan, measured
+from mtp_viz import kernel_plan, measured
 from mtp_viz.kernels import plain_linears
 from mtp_viz.machine import machine_key
 
@@ -31,7 +31,7 @@ def test_records_lie_per_machine_and_key_where_they_always_did(cache):
     model = tiny_model("llama-2l")
     shapes = sorted({tuple(m.weight.shape) for m in plain_linears(model)})
     digest = hashlib.sha256(repr(shapes).encode()).hexdigest()[:10]
-    assert linear_plan.plan_path(model) == cache / "kernels" / f"{machine_key()}-{digest}.json"
+    assert kernel_plan.plan_path(model) == cache / "kernels" / f"{machine_key()}-{digest}.json"
     measured.write(path, record())
     (cache / "weights" / "auto-another-machine-tiny-abc.json").write_text(json.dumps(record()))
     assert measured.machine_paths("weights", prefix="auto-") == [path]

@@ -11,6 +11,7 @@ from conftest import decode, perturbed, tiny_model
 from test_greedy_identity import PROMPT, _lossless_runs
 
 from mtp_viz import loading, weights_auto
+from mtp_viz.kernel_plan import row_plans
 from mtp_viz.kernels import RAW_ROWS, STOCK_PLAN, RowPlan, use_fast_linears
 from mtp_viz.machine import describe
 from mtp_viz.row_plan import (
@@ -19,9 +20,7 @@ from mtp_viz.row_plan import (
     measure,
     not_lossless,
     plan_of_record,
-    plan_rows,
     products,
-    row_plans,
     use_row_plans,
 )
 from mtp_viz.runner import RunRequest, run
@@ -119,9 +118,9 @@ def test_a_product_no_plan_makes_exact_is_not_lossless_and_says_so(cache, use_ti
 
 def test_plans_are_kept_in_the_kernel_plans_record_and_measured_once(cache, monkeypatch):
     model = use_fast_linears(apply_format(tiny_model("llama-2l", seed=0), Q4), STOCK_PLAN)
-    first = plan_rows(model)
+    first = row_plans(model)
     assert set(first) == {Q4, head_format(Q4)} and all(e["probed_rows"] == list(PROBED_ROWS) for e in first.values())
     assert first[Q4]["machine"]["cpu"] and first[Q4]["cost_ms"]["as is"]["1"] > 0
     [path] = (cache / "kernels").glob("*.json")
     monkeypatch.setattr("mtp_viz.row_plan.measure", lambda *a, **k: pytest.fail("measured twice"))
-    assert plan_rows(model) == first and path.exists()
+    assert row_plans(model) == first and path.exists()

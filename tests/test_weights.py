@@ -9,7 +9,7 @@ import torch
 from conftest import decode, perturbed, tiny_model
 from test_greedy_identity import PROMPT, _lossless_runs
 
-from mtp_viz import native, row_plan
+from mtp_viz import kernel_plan, native, row_plan
 from mtp_viz.cache import ENGINE_ENV, ENGINES, LEAN, CachedModel
 from mtp_viz.errors import UserError
 from mtp_viz.kernels import FIXED_PLAN, use_fast_linears
@@ -196,7 +196,7 @@ def test_verify_rows_are_one_token_forwards_bit_for_bit(fmt, tmp_path, monkeypat
         tiny_model("llama-2l", hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1152),
         fmt,
     )
-    row_plan.plan_rows(use_fast_linears(model, FIXED_PLAN))
+    row_plan.apply(model, kernel_plan.row_plans(use_fast_linears(model, FIXED_PLAN)))
     prompt = torch.randint(0, 96, (120,), generator=torch.Generator().manual_seed(0)).tolist()
 
     def stepped(path: list[int]) -> torch.Tensor:  # the prompt's last token, then one token at a time

@@ -1,7 +1,7 @@
-"""`tune`: measure the linear plan of a model on this machine again, now (mtp_viz.linear_plan):
-each bucket's timings, spreads and choice, then the plan cached for later loads; and each weight
-format's row plan (mtp_viz.row_plan): whether its products are row-invariant here, made so how,
-at what cost."""
+"""`tune`: measure a model's kernel plan (mtp_viz.kernel_plan) on this machine again, now: the
+linear plan (mtp_viz.linear_plan), each bucket's timings, spreads and choice, then the plan cached
+for later loads; and each weight format's row plan (mtp_viz.row_plan): whether its products are
+row-invariant here, made so how, at what cost."""
 
 import argparse
 import os
@@ -10,9 +10,10 @@ from contextlib import contextmanager
 
 from mtp_viz import kernels
 from mtp_viz.errors import UserError
-from mtp_viz.linear_plan import BY_COMMAND, MAX_SPREAD, ROUNDS, describe_record, plan_path, remeasure
+from mtp_viz.kernel_plan import plan_path, remeasure, row_plans
+from mtp_viz.linear_plan import BY_COMMAND, MAX_SPREAD, ROUNDS, describe_record
 from mtp_viz.loading import load_model, model_name, retuned
-from mtp_viz.row_plan import PROBED_ROWS, plan_of_record, row_plans, use_row_plans
+from mtp_viz.row_plan import PROBED_ROWS, apply
 from mtp_viz.weights import FORMATS, FP32
 
 MIN_ROUNDS, MAX_ROUNDS = 3, 50  # a spread needs three rounds
@@ -54,7 +55,7 @@ def cmd_tune(args: argparse.Namespace) -> None:
     for fmt in args.weights:
         model = loaded.model if fmt == FP32 else load_model(name, "cpu", "float32", weights=fmt).model
         records = row_plans(model, BY_COMMAND, again=True)
-        use_row_plans(model, {f: plan_of_record(e) for f, e in records.items()})
+        apply(model, records)
         for f, entry in records.items():
             print("\n".join(row_lines(f if f == fmt else f"{f} (the {fmt} model's head)", entry)))
 

@@ -1,7 +1,7 @@
 """Loading as one pipeline that goes down, the same steps in the same order for every model a
 run needs: locate and read (mtp_viz.loading.sources) or derive from a loaded base
 (mtp_viz.loading.derive) → apply the weight format (mtp_viz.weights) → apply the kernel plan
-(mtp_viz.kernels, measured per machine by mtp_viz.linear_plan and mtp_viz.row_plan) → record
+(mtp_viz.kernels, read or measured per machine in one pass by mtp_viz.kernel_plan) → record
 what was applied in the LoadedModel. MTP heads go through the same format and kernel steps,
 in their target's format and on its plan.
 
@@ -12,17 +12,15 @@ from dataclasses import replace
 from pathlib import Path
 from weakref import WeakKeyDictionary
 
-import torch
 from torch import nn
 
 from mtp_viz.drafters.heads import MTPHeads, load_heads
+from mtp_viz.kernel_plan import tune
 from mtp_viz.kernels import STOCK_PLAN, Plan, use_fast_linears
-from mtp_viz.linear_plan import tune
 from mtp_viz.loading.derive import derive, own_layers
 from mtp_viz.loading.loaded import LoadedModel, eos_ids
 from mtp_viz.loading.sources import described, read
 from mtp_viz.loading.spec import LoadSpec
-from mtp_viz.row_plan import BY_LOAD, plan_rows
 from mtp_viz.row_plan import describe as describe_rows
 from mtp_viz.weights import FP32, apply_format
 from mtp_viz.weights import describe as describe_weights
@@ -53,7 +51,7 @@ def _load(spec: LoadSpec) -> LoadedModel:  # under load_lock
         model, tokenizer, where, codes = found.model, found.tokenizer, found.source, found.codes
         detail = describe_weights(spec.weights, found.codes_note)
     model = apply_format(model, spec.weights, codes)
-    plan = apply_kernels(model)
+    plan = tune(model)
     name, chat = described(spec, tokenizer)
     loaded = LoadedModel(
         name,
@@ -71,18 +69,6 @@ def _load(spec: LoadSpec) -> LoadedModel:  # under load_lock
     return loaded
 
 
-def apply_kernels(model: nn.Module, by: str = BY_LOAD) -> Plan | None:
-    """On a CPU in float32: the float32 linears left (every one in fp32, the head in the other
-    formats) on the plan measured for this machine, and each format's products row-invariant where
-    this machine allows (mtp_viz.row_plan). Elsewhere F.linear is left alone: None."""
-    if model.device.type != "cpu" or model.dtype != torch.float32:
-        return None
-    plan = tune(model)
-    use_fast_linears(model, plan)
-    plan_rows(model, by)
-    return plan
-
-
 def linear_path(model: nn.Module, weights: str, plan: Plan | None) -> str:
     """How the model's linear layers compute, for the records."""
     rows = describe_rows(model)
@@ -94,10 +80,10 @@ def linear_path(model: nn.Module, weights: str, plan: Plan | None) -> str:
 
 
 def retuned(loaded: LoadedModel, by: str) -> LoadedModel:
-    """`loaded` on the plan measured last (mtp_viz.linear_plan's cache, or MTP_VIZ_LINEAR), its row
-    plans probed again on it; the record says so, and later loads get the new record."""
+    """`loaded` on the kernel plan recorded last (mtp_viz.kernel_plan, or MTP_VIZ_LINEAR), its row
+    plans read or probed on it; the record says so, and later loads get the new record."""
     with load_lock:
-        plan = apply_kernels(loaded.model, by)
+        plan = tune(loaded.model, by)
         new = replace(loaded, linear=linear_path(loaded.model, loaded.weights, plan), plan=plan)
         for spec, old in list(_loaded.items()):
             if old.model is loaded.model:

@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from mtp_viz.errors import UserError
-from mtp_viz.linear_plan import BY_APP, Measurement, Stopped, describe_record, remeasure
+from mtp_viz.kernel_plan import remeasure
+from mtp_viz.linear_plan import BY_APP, Measurement, Stopped, describe_record
 from mtp_viz.loading import load_model, model_name, retuned
 from mtp_viz.machine import machine_key
 from mtp_viz.paths import cache_root

@@ -7,7 +7,8 @@ from pathlib import Path
 import gradio as gr
 
 from mtp_viz.errors import UserError
-from mtp_viz.linear_plan import BY_COMMAND, describe_record, machine_records
+from mtp_viz.kernel_plan import machine_records
+from mtp_viz.linear_plan import BY_COMMAND, describe_record
 from mtp_viz.profile import read_profile
 from mtp_viz.theory import expected_tokens, measured_point, optimal_gamma, speedup
 from mtp_viz.ui import notes
