@@ -44,7 +44,7 @@ def _lossless_runs(model, draft, generation, eos=()):
         ),
     )
     yield ("self_speculative L=1", *decode(model, "self_speculative", PROMPT, generation, eos=eos, exit_layer=1))
-    yield ("lookahead 5/7/7", *decode(model, "lookahead", PROMPT, generation, eos=eos))
+    yield ("lookahead 5/7/7", *decode(model, "lookahead", PROMPT, generation, eos=eos, level=5, window=7, guess=7))
     yield (
         "lookahead 3/4/3 + prompt pool",
         *decode(model, "lookahead", PROMPT, generation, eos=eos, level=3, window=4, guess=3, pool_from_prompt=True),

@@ -75,7 +75,8 @@ def test_window_and_tree_outputs_equal_plain_forwards_of_their_prefixes():
 def test_pool_hits_are_recorded_by_origin():
     model = tiny_model("llama-2l", seed=0)
     prompt = [5, 17, 3, 42, 9, 17, 3]
-    _, steps = decode(model, "lookahead", prompt, GenerationSettings(max_new_tokens=40), pool_from_prompt=True)
+    generation = GenerationSettings(max_new_tokens=40)
+    _, steps = decode(model, "lookahead", prompt, generation, level=5, window=7, guess=7, pool_from_prompt=True)
     sources = {d.source for s in steps for d in s.drafted}
     assert sources <= {"jacobi", "prompt"} and sources
     assert all(s.extra["hits"] <= 7 and len(s.extra["window"]) == 4 for s in steps)

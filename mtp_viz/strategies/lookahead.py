@@ -41,9 +41,12 @@ SEED = 10  # the window's random start, fixed (as Spec-Bench does)
 
 @dataclass(frozen=True)
 class LookaheadSettings:
-    level: int = setting(5, "Level N (n-gram size; the window has N−1 levels)", low=3, high=MAX_LEVEL)
-    window: int = setting(7, "Window W (Jacobi columns)", low=1, high=MAX_WINDOW)
-    guess: int = setting(7, "Guess set G (candidates per step)", low=0, high=MAX_GUESS)
+    # on a 2-core CPU (Zen 1 EPYC, compiled q4, Spec-Bench 13 × 128; docs/BENCHMARKS.md) N=3, W=2, G=3
+    # ran at 0.54x AR (1.22 tokens per forward for 6.3 rows); the paper's N=5, W=7, G=7 (the GPU
+    # defaults: a wide forward costs about one row there) at 0.18x
+    level: int = setting(3, "Level N (n-gram size; the window has N−1 levels)", low=3, high=MAX_LEVEL, gpu=5)
+    window: int = setting(2, "Window W (Jacobi columns)", low=1, high=MAX_WINDOW, gpu=7)
+    guess: int = setting(3, "Guess set G (candidates per step)", low=0, high=MAX_GUESS, gpu=7)
     pool_from_prompt: bool = setting(False, "Seed the n-gram pool with the prompt")
 
     def __post_init__(self):
