@@ -23,8 +23,8 @@ LAYERS = (
     # weight formats, drafters, the lean forward and its caches, the registry
     (
         "engine",
-        "cache cuda_graphs drafters format_linear gguf_codes kv_slots lean projections quant registry kernel_plan row_plan static "
-        "weights",
+        "cache cuda_graphs drafters format_linear gguf_codes kernel_plan kv_slots lean projections quant registry "
+        "row_plan static weights",
     ),
     (
         "foundation",

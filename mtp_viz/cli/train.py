@@ -9,6 +9,7 @@ from mtp_viz.cli.options import given
 from mtp_viz.errors import UserError
 from mtp_viz.loading import load_model, model_name
 from mtp_viz.paths import cache_root
+from mtp_viz.training.corpus import AUTO, ENGINES, CorpusConfig, make
 from mtp_viz.training.data import MANIFEST, DataConfig, generate
 from mtp_viz.training.draft import DraftTrainConfig, train_draft
 from mtp_viz.training.eagle import EagleTrainConfig, train_eagle
@@ -43,11 +44,12 @@ TYPES = {"--gating": str, "--lr": float, "--aux-layers": str}
 def add(sub) -> None:
     t = sub.add_parser(
         "train",
-        help="train drafters for a frozen target: data (cached self-distillation set), draft (a small draft model), "
+        help="train drafters for a frozen target: corpus (the target's answers to broad prompts, by vLLM or our "
+        "engine; sharded, resumable), data (cached self-distillation set), draft (a small draft model), "
         "heads (sequential MTP heads), eagle (an EAGLE-3 drafter, in vLLM's format), "
         "mtp (a mask-token MTP adapter, by self-distillation)",
     )
-    t.add_argument("what", choices=("data", "draft", "heads", "eagle", "mtp"))
+    t.add_argument("what", choices=("corpus", "data", "draft", "heads", "eagle", "mtp"))
     t.add_argument("--model", help="the frozen target (default: the device's default)")
     t.add_argument("--data", type=Path, help="data folder (default: <cache>/train/<model>)")
     t.add_argument("--out", type=Path, help="where the trained drafter or adapter goes (required but for data)")
@@ -57,10 +59,15 @@ def add(sub) -> None:
     for option, text in TUNING.items():
         t.add_argument(option, type=TYPES.get(option, int), help=text)
     t.add_argument("--device", default="cpu")
+    t.add_argument("--engine", choices=ENGINES, default=AUTO, help="corpus: who answers (auto: vLLM where installed)")
+    t.add_argument("--vllm-url", help="corpus: the vLLM server already running there answers")
+    t.add_argument("--prompts", type=int, help="corpus: about this many first-turn prompts (default ~7,800)")
     t.set_defaults(func=cmd_train)
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    if args.what == "corpus":
+        return cmd_corpus(args)
     loop = given(args, "epochs", "lr")
     if args.what != "data" and args.out is None:
         raise UserError(f"train {args.what} needs --out DIR")
@@ -95,6 +102,18 @@ def cmd_train(args: argparse.Namespace) -> None:
         report = train_mask(job, mask_cfg)
     final = report["history"][-1] if report["history"] else report["before"]
     print(f"{args.what} trained in {report['seconds']:.0f} s and saved to {args.out}: {final}")
+
+
+def cmd_corpus(args: argparse.Namespace) -> None:
+    cfg = CorpusConfig(seed=args.seed, **given(args, "max_new_tokens"))
+    if args.prompts is not None:
+        if args.prompts < 1:
+            raise UserError("--prompts must be at least 1")
+        cfg = cfg.scaled(args.prompts)
+    folder, manifest = make(args.model, args.data, cfg, args.engine, args.vllm_url)
+    tokens = sum(s["answer_tokens"] for s in manifest["shards"].values())
+    shards, dropped = len(manifest["shards"]), manifest["dropped"]
+    print(f"corpus in {folder}: {shards} shards, {tokens} answer tokens; prompts dropped: {dropped}")
 
 
 def aux_layers(args: argparse.Namespace) -> tuple[int, ...] | None:

@@ -1,0 +1,95 @@
+"""The training corpus (mtp_viz.training.corpus): prompts from local sources with held-out overlaps
+dropped, the target's own answers in shards, a build that stops resumes where it stopped, the
+validation split drawn by source key, and answers from a vLLM server started and stopped by the
+build. The tiny target stands in for the real one; its answers are checked against a direct run."""
+
+import json
+
+import pytest
+from conftest import gone
+from fake_vllm import HASHED
+
+from mtp_viz.cli import main
+from mtp_viz.errors import UserError
+from mtp_viz.prompts import spec_bench
+from mtp_viz.runner import RunRequest, run
+from mtp_viz.strategies.base import GenerationSettings
+from mtp_viz.training import corpus
+from mtp_viz.training.corpus import CHAT, FIRST, MANIFEST, TRAIN, VALIDATION, CorpusConfig, make, read_records
+from mtp_viz.training.corpus_sources import CorpusPrompt, Dedup, user
+
+SMALL = CorpusConfig(
+    templates=5, code=4, documents=3, math=2, chat=3, max_new_tokens=4, shard_size=4, validation_share=0.5
+)
+
+
+def test_a_prompt_that_copies_a_held_out_question_is_dropped_and_so_is_a_repeat():
+    question = spec_bench()[0]["turns"][0]
+    dedup = Dedup()
+    assert not dedup.keep(CorpusPrompt("templates", "k", user(f"Please answer this: {question}")))
+    fresh = CorpusPrompt("templates", "k", user("Describe the water cycle to a child in two short paragraphs."))
+    assert dedup.keep(fresh) and not dedup.keep(fresh)
+    assert dedup.dropped == {"held-out overlap": 1, "repeat": 1}
+
+
+def test_a_build_writes_shards_resumes_where_it_stopped_and_splits_by_key(use_tiny_registry, tmp_path, monkeypatch):
+    asked: list[int] = []
+    real = corpus.answer_with_ours
+
+    def counting(*args, **kwargs):
+        answer = real(*args, **kwargs)
+        return lambda items: asked.append(len(items)) or answer(items)
+
+    monkeypatch.setattr(corpus, "answer_with_ours", counting)
+    monkeypatch.setattr(corpus, "build", _stopping_after(corpus.build, 1))
+    folder, stopped = make("tiny", tmp_path / "c", SMALL, engine=corpus.OURS)
+    assert not stopped.get("complete") and len(stopped["shards"]) == 1 and asked == [4]
+    first_shard = (folder / "first-00000.jsonl").read_text()
+
+    monkeypatch.setattr(corpus, "build", corpus.build.__wrapped__)
+    folder, manifest = make("tiny", tmp_path / "c", SMALL, engine=corpus.OURS)
+    assert manifest["complete"] and (folder / "first-00000.jsonl").read_text() == first_shard  # not asked again
+    first, chat = list(read_records(folder, FIRST)), list(read_records(folder, CHAT))
+    assert len(first) == 14 and sum(asked) == len(first) + len(chat)  # every prompt answered once, in all
+    assert {r["source"] for r in first} == {"templates", "code", "documents", "math"}
+    assert 1 <= len(chat) <= SMALL.chat and all(len(r["messages"]) == 3 for r in chat)
+    assert manifest["answer_tokens"] == sum(len(r["answer_ids"]) for r in first + chat)
+    assert manifest["engines"] == [{"engine": "mtp-viz"}] and manifest["config"]["shard_size"] == 4
+
+    # the validation split is drawn by key: a document, module or topic on one side only
+    sides = {}
+    for r in first + chat:
+        sides.setdefault(r["key"], set()).add(r["split"])
+    assert all(len(s) == 1 for s in sides.values())
+    assert {r["split"] for r in first} == {TRAIN, VALIDATION}
+    assert all(r["split"] == sides[r["key"]].copy().pop() for r in chat)  # a second turn on its first's side
+
+    # the answers are the target's: greedy ones are what a direct run of our engine gives
+    greedy = next(r for r in first if r["temperature"] == 0.0)
+    trace = run(RunRequest(prompt_ids=tuple(greedy["prompt_ids"]), model="tiny", generation=GenerationSettings(4)))
+    assert greedy["answer_ids"] == trace.output_token_ids
+
+
+def test_a_folder_made_with_other_settings_is_refused(use_tiny_registry, tmp_path):
+    make("tiny", tmp_path, CorpusConfig(templates=2, code=0, documents=0, math=0, chat=0, max_new_tokens=2), "ours")
+    with pytest.raises(UserError, match="made otherwise"):
+        make("tiny", tmp_path, CorpusConfig(templates=3, code=0, documents=0, math=0, chat=0, max_new_tokens=2), "ours")
+
+
+def test_a_vllm_build_starts_its_server_and_stops_it(use_tiny_registry, fake_vllm, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_VLLM_TOKENS", HASHED)
+    main(["train", "corpus", "--model", "tiny", "--data", str(tmp_path), "--engine", "vllm", "--prompts", "6"])
+    assert "answer tokens" in capsys.readouterr().out
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    assert manifest["complete"] and manifest["engines"][0]["engine"] == "vllm"
+    records = list(read_records(tmp_path))
+    assert records and all(r["answer_ids"] for r in records)
+    assert gone(json.loads(fake_vllm.read_text()))  # the server and its engine child
+
+
+def _stopping_after(build, shards: int):
+    def stopping(*args, **kwargs):
+        return build(*args, **kwargs, stop_after_shards=shards)
+
+    stopping.__wrapped__ = build
+    return stopping
