@@ -1,0 +1,174 @@
+"""The target's view of every corpus position, computed once by teacher-forced forwards and kept
+memory-mapped, so a drafter's training reads a million tokens without holding them in RAM.
+
+From a corpus (mtp_viz.training.corpus) a store holds, for the N tokens of its S sequences
+(prompt then answer; stored shortest first, `record` giving each one's place in the corpus):
+- `tokens` (N,) int32, `starts` (S+1,) int64 (sequence s is tokens[starts[s]:starts[s+1]]),
+  `prompt_len` (S,) int32, `validation` (S,) bool (the corpus's split);
+- `argmax` (N,) int32: the target's argmax for the next token (−1 at a sequence's last position);
+- `topk_ids` (N, K) int32, `topk_logp` (N, K) float16: its top-K next-token log-probabilities;
+- `hidden` (N, H) float16: the final hidden state (after the norm: what the head reads; the heads
+  and the draft model learn from it);
+- `aux` (N, A·H) float16: the residual streams entering the `aux_layers` (EAGLE-3's inputs, as
+  vLLM and mtp_viz.training.eagle read them).
+Sequences are computed in batches of about BATCH_TOKENS tokens (similar lengths together, right
+padded, causal: padding never reaches a real position) and written straight into the maps; `meta.json`
+says how far it got, so a stopped build resumes there, and what the store was made from.
+"""
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from mtp_viz.errors import UserError
+from mtp_viz.measured import stamp, write_atomically
+from mtp_viz.training.corpus import VALIDATION, read_records
+
+META, VERSION = "meta.json", 1
+BATCH_TOKENS = 4096  # tokens (padding included) a teacher-forced forward takes at once
+ARRAYS = ("tokens", "argmax", "topk_ids", "topk_logp", "hidden", "aux")
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    aux_layers: tuple[int, ...]
+    top_k: int = 16
+    max_tokens: int = 2048  # a longer sequence is cut at the end (its prompt kept)
+
+
+class FeatureStore:
+    """A store's arrays as memory maps (torch tensors over them on demand; the files are never written)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.meta = json.loads((folder / META).read_text())
+        if not self.meta.get("complete"):
+            raise UserError(f"the features in {folder} are not finished; build them again to resume")
+        self.starts = np.load(folder / "starts.npy")
+        self.prompt_len = np.load(folder / "prompt_len.npy")
+        self.validation = np.load(folder / "validation.npy")
+        self.arrays = {name: _open(folder, name, "c") for name in ARRAYS}  # copy-on-write: torch wants writable
+
+    def __len__(self) -> int:
+        return len(self.prompt_len)
+
+    def sequence(self, s: int) -> dict[str, torch.Tensor]:
+        """Sequence s's arrays (views: nothing is read until used)."""
+        a, b = int(self.starts[s]), int(self.starts[s + 1])
+        return {name: torch.from_numpy(np.asarray(arr[a:b])) for name, arr in self.arrays.items()}
+
+    def indices(self, validation: bool) -> list[int]:
+        return [s for s in range(len(self)) if bool(self.validation[s]) == validation]
+
+
+def _open(folder: Path, name: str, mode: str, shape: tuple | None = None, dtype=None) -> np.memmap:
+    meta = json.loads((folder / META).read_text())["arrays"][name] if shape is None else None
+    shape = tuple(meta["shape"]) if meta else shape
+    dtype = np.dtype(meta["dtype"]) if meta else dtype
+    return np.lib.format.open_memmap(folder / f"{name}.npy", mode=mode, dtype=dtype, shape=shape)
+
+
+def build(model, corpus: Path, folder: Path, cfg: FeatureConfig, stop_after: int | None = None) -> Path:
+    """The store of `corpus` under `model` (an nn.Module on its device) in `folder`, built or
+    finished; `stop_after` stops after that many sequences (tests of resuming)."""
+    records = list(read_records(corpus))
+    order = sorted(range(len(records)), key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["answer_ids"]))
+    records = [records[i] for i in order]  # by length: a batch's sequences pad little
+    seqs = [(r["prompt_ids"] + r["answer_ids"])[: cfg.max_tokens] for r in records]
+    starts = np.zeros(len(seqs) + 1, dtype=np.int64)
+    starts[1:] = np.cumsum([len(s) for s in seqs])
+    n, hidden, k = int(starts[-1]), model.config.hidden_size, cfg.top_k
+    made_from = {"corpus": str(corpus), "sequences": len(seqs), "tokens": n, "config": asdict(cfg)}
+    made_from = json.loads(json.dumps(made_from))  # as it reads back (tuples are lists in JSON)
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = _meta(folder, made_from)
+    shapes = {
+        "tokens": ((n,), np.int32),
+        "argmax": ((n,), np.int32),
+        "topk_ids": ((n, k), np.int32),
+        "topk_logp": ((n, k), np.float16),
+        "hidden": ((n, hidden), np.float16),
+        "aux": ((n, hidden * len(cfg.aux_layers)), np.float16),
+    }
+    if meta["done"] == 0:
+        meta["arrays"] = {name: {"shape": list(s), "dtype": np.dtype(d).name} for name, (s, d) in shapes.items()}
+        np.save(folder / "starts.npy", starts)
+        np.save(folder / "prompt_len.npy", np.array([min(len(r["prompt_ids"]), cfg.max_tokens) for r in records]))
+        np.save(folder / "validation.npy", np.array([r["split"] == VALIDATION for r in records]))
+        np.save(folder / "record.npy", np.array(order, dtype=np.int64))  # the corpus's order of each sequence
+        arrays = {name: _open(folder, name, "w+", s, d) for name, (s, d) in shapes.items()}
+        _save(folder, meta)
+    else:
+        arrays = {name: _open(folder, name, "r+") for name in ARRAYS}
+    done = meta["done"]
+    with torch.inference_mode(), tqdm(total=len(seqs), initial=done, desc="features", unit="seq") as bar:
+        for batch in _batches(list(range(done, len(seqs))), seqs):
+            if stop_after is not None and done - meta["done"] >= stop_after:
+                break
+            _forward(model, [seqs[s] for s in batch], [int(starts[s]) for s in batch], arrays, cfg)
+            for arr in arrays.values():
+                arr.flush()
+            done = batch[-1] + 1
+            _save(folder, {**meta, "done": done})  # what is on disk now
+            bar.update(len(batch))
+    complete = done == len(seqs)
+    _save(
+        folder,
+        {**meta, "done": done, "complete": complete, **({"finished_at": stamp(time.time())} if complete else {})},
+    )
+    return folder
+
+
+def _batches(todo: list[int], seqs: list[list[int]]) -> list[list[int]]:
+    """Consecutive sequences (so `done` counts a prefix), shortest first, grouped up to BATCH_TOKENS
+    padded tokens."""
+    out: list[list[int]] = []
+    for s in todo:
+        if out and (len(out[-1]) + 1) * len(seqs[s]) <= BATCH_TOKENS:  # shortest first: s is the longest
+            out[-1].append(s)
+        else:
+            out.append([s])
+    return out
+
+
+def _forward(model, batch: list[list[int]], offsets: list[int], arrays: dict, cfg: FeatureConfig) -> None:
+    length = max(len(s) for s in batch)
+    device = next(model.parameters()).device
+    ids = torch.zeros(len(batch), length, dtype=torch.long)
+    for r, s in enumerate(batch):
+        ids[r, : len(s)] = torch.tensor(s)
+    out = model.model(input_ids=ids.to(device), output_hidden_states=True)  # causal: right padding unseen
+    final = out.last_hidden_state  # (B, T, H), after the norm
+    aux = torch.cat([out.hidden_states[i] for i in cfg.aux_layers], -1)  # layer i's input, as vLLM's EAGLE-3 reads
+    logp = torch.log_softmax(model.lm_head(final).float(), -1)
+    top = torch.topk(logp, cfg.top_k, dim=-1)
+    for r, (s, at) in enumerate(zip(batch, offsets, strict=True)):
+        m = len(s)
+        arrays["tokens"][at : at + m] = np.asarray(s, dtype=np.int32)
+        argmax = top.indices[r, :m, 0].int().cpu().numpy().copy()
+        argmax[-1] = -1  # no next token to predict at the last position
+        arrays["argmax"][at : at + m] = argmax
+        arrays["topk_ids"][at : at + m] = top.indices[r, :m].int().cpu().numpy()
+        arrays["topk_logp"][at : at + m] = top.values[r, :m].half().cpu().numpy()
+        arrays["hidden"][at : at + m] = final[r, :m].half().cpu().numpy()
+        arrays["aux"][at : at + m] = aux[r, :m].half().cpu().numpy()
+
+
+def _meta(folder: Path, made_from: dict) -> dict:
+    path = folder / META
+    if path.is_file():
+        meta = json.loads(path.read_text())
+        if meta.get("version") != VERSION or meta.get("made_from") != made_from:
+            raise UserError(f"{folder} holds features of another corpus or settings; pick another folder")
+        return meta
+    return {"version": VERSION, "made_from": made_from, "done": 0, "complete": False}
+
+
+def _save(folder: Path, meta: dict) -> None:
+    text = json.dumps(meta, indent=1)
+    write_atomically(folder / META, lambda tmp: tmp.write_text(text), what="the feature store's progress")

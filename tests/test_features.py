@@ -1,0 +1,61 @@
+"""The feature store (mtp_viz.training.features): the target's view of every corpus position from
+batched teacher-forced forwards, memory-mapped, resumable: each sequence's arrays are what a
+forward of that sequence alone gives, and a stopped build finishes to the same store."""
+
+import numpy as np
+import pytest
+import torch
+
+from mtp_viz.errors import UserError
+from mtp_viz.loading import load_model
+from mtp_viz.training import features
+from mtp_viz.training.corpus import OURS, CorpusConfig, make, read_records
+from mtp_viz.training.features import FeatureConfig, FeatureStore, build
+
+CORPUS = CorpusConfig(templates=4, code=2, documents=2, math=2, chat=2, max_new_tokens=6, shard_size=8)
+
+
+@pytest.fixture
+def corpus(use_tiny_registry, tmp_path):
+    folder, _ = make("tiny", tmp_path / "corpus", CORPUS, OURS)
+    return folder
+
+
+def test_every_position_holds_what_a_forward_of_its_sequence_alone_gives(corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(features, "BATCH_TOKENS", 600)  # several sequences a batch, several batches
+    model = load_model("tiny").model
+    store = FeatureStore(build(model, corpus, tmp_path / "f", FeatureConfig(aux_layers=(0, 1), top_k=4)))
+    records = list(read_records(corpus))
+    assert len(store) == len(records) and sorted(store.meta["made_from"].items())
+    lengths = np.diff(store.starts)
+    assert (lengths[:-1] <= lengths[1:]).all()  # shortest first
+    for s in range(len(store)):
+        seq, record = store.sequence(s), records[int(np.load(tmp_path / "f" / "record.npy")[s])]
+        assert seq["tokens"].tolist() == record["prompt_ids"] + record["answer_ids"]
+        with torch.inference_mode():
+            out = model.model(input_ids=seq["tokens"][None].long(), output_hidden_states=True)
+            logits = model.lm_head(out.last_hidden_state)[0].float()
+        torch.testing.assert_close(seq["hidden"].float(), out.last_hidden_state[0], atol=2e-2, rtol=1e-2)
+        aux = torch.cat([out.hidden_states[0][0], out.hidden_states[1][0]], -1)
+        torch.testing.assert_close(seq["aux"].float(), aux, atol=2e-2, rtol=1e-2)
+        top2 = logits.topk(2, -1)
+        clear = (top2.values[:, 0] - top2.values[:, 1] > 1e-3)[:-1]
+        assert (seq["argmax"][:-1][clear] == top2.indices[:-1, 0][clear].int()).all() and seq["argmax"][-1] == -1
+        assert seq["topk_ids"].shape[1] == 4 and (seq["topk_logp"][:, 0] >= seq["topk_logp"][:, 1]).all()
+    assert set(store.indices(True)) | set(store.indices(False)) == set(range(len(store)))
+
+
+def test_a_stopped_build_resumes_and_is_refused_until_finished(corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(features, "BATCH_TOKENS", 300)
+    model = load_model("tiny").model
+    cfg = FeatureConfig(aux_layers=(1,), top_k=2)
+    build(model, corpus, tmp_path / "part", cfg, stop_after=3)
+    with pytest.raises(UserError, match="not finished"):
+        FeatureStore(tmp_path / "part")
+    resumed = FeatureStore(build(model, corpus, tmp_path / "part", cfg))
+    whole = FeatureStore(build(model, corpus, tmp_path / "whole", cfg))
+    for name in ("tokens", "argmax", "topk_ids"):
+        assert np.array_equal(resumed.arrays[name], whole.arrays[name]), name
+    np.testing.assert_allclose(resumed.arrays["hidden"], whole.arrays["hidden"], atol=2e-2)
+    with pytest.raises(UserError, match="another corpus or settings"):
+        build(model, corpus, tmp_path / "whole", FeatureConfig(aux_layers=(0,), top_k=2))
