@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from mtp_viz.cli import main
 from mtp_viz.errors import UserError
 from mtp_viz.loading import load_model
 from mtp_viz.training import features
@@ -59,3 +60,12 @@ def test_a_stopped_build_resumes_and_is_refused_until_finished(corpus, tmp_path,
     np.testing.assert_allclose(resumed.arrays["hidden"], whole.arrays["hidden"], atol=2e-2)
     with pytest.raises(UserError, match="another corpus or settings"):
         build(model, corpus, tmp_path / "whole", FeatureConfig(aux_layers=(0,), top_k=2))
+
+
+def test_the_command_builds_the_store_of_a_finished_corpus_and_refuses_an_unfinished_one(corpus, tmp_path, capsys):
+    assert main(["train", "features", "--model", "tiny", "--data", str(corpus), "--out", str(tmp_path / "f")]) == 0
+    assert "features of" in capsys.readouterr().out
+    store = FeatureStore(tmp_path / "f")
+    assert store.arrays["aux"].shape[1] == 3 * store.arrays["hidden"].shape[1]  # vLLM's three default layers
+    assert main(["train", "features", "--model", "tiny", "--data", str(tmp_path / "none"), "--out", "g"]) == 2
+    assert "no finished corpus" in capsys.readouterr().err

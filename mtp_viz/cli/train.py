@@ -2,17 +2,22 @@
 sequential MTP heads, an EAGLE-3 drafter, or a mask-token MTP adapter."""
 
 import argparse
+import json
 from dataclasses import replace
 from pathlib import Path
 
 from mtp_viz.cli.options import given
+from mtp_viz.drafters.eagle3_config import default_aux_layer_ids
 from mtp_viz.errors import UserError
 from mtp_viz.loading import load_model, model_name
 from mtp_viz.paths import cache_root
 from mtp_viz.training.corpus import AUTO, ENGINES, CorpusConfig, make
+from mtp_viz.training.corpus import MANIFEST as CORPUS_MANIFEST
 from mtp_viz.training.data import MANIFEST, DataConfig, generate
 from mtp_viz.training.draft import DraftTrainConfig, train_draft
 from mtp_viz.training.eagle import EagleTrainConfig, train_eagle
+from mtp_viz.training.features import FeatureConfig
+from mtp_viz.training.features import build as build_features
 from mtp_viz.training.heads import HeadsTrainConfig, train_heads
 from mtp_viz.training.loop import TrainJob
 from mtp_viz.training.mask import MaskTrainConfig, train_mask
@@ -45,11 +50,12 @@ def add(sub) -> None:
     t = sub.add_parser(
         "train",
         help="train drafters for a frozen target: corpus (the target's answers to broad prompts, by vLLM or our "
-        "engine; sharded, resumable), data (cached self-distillation set), draft (a small draft model), "
+        "engine; sharded, resumable), features (the target's view of every corpus position, memory-mapped), "
+        "data (cached self-distillation set), draft (a small draft model), "
         "heads (sequential MTP heads), eagle (an EAGLE-3 drafter, in vLLM's format), "
         "mtp (a mask-token MTP adapter, by self-distillation)",
     )
-    t.add_argument("what", choices=("corpus", "data", "draft", "heads", "eagle", "mtp"))
+    t.add_argument("what", choices=("corpus", "features", "data", "draft", "heads", "eagle", "mtp"))
     t.add_argument("--model", help="the frozen target (default: the device's default)")
     t.add_argument("--data", type=Path, help="data folder (default: <cache>/train/<model>)")
     t.add_argument("--out", type=Path, help="where the trained drafter or adapter goes (required but for data)")
@@ -68,6 +74,8 @@ def add(sub) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     if args.what == "corpus":
         return cmd_corpus(args)
+    if args.what == "features":
+        return cmd_features(args)
     loop = given(args, "epochs", "lr")
     if args.what != "data" and args.out is None:
         raise UserError(f"train {args.what} needs --out DIR")
@@ -114,6 +122,19 @@ def cmd_corpus(args: argparse.Namespace) -> None:
     tokens = sum(s["answer_tokens"] for s in manifest["shards"].values())
     shards, dropped = len(manifest["shards"]), manifest["dropped"]
     print(f"corpus in {folder}: {shards} shards, {tokens} answer tokens; prompts dropped: {dropped}")
+
+
+def cmd_features(args: argparse.Namespace) -> None:
+    """The feature store of a finished corpus (--data, default the model's corpus folder) in --out
+    (default: its features/ folder), for the EAGLE-3 aux layers given or vLLM's default."""
+    target = load_model(model_name(args.model, args.device), args.device, "float32")
+    corpus = args.data or cache_root() / "corpus" / target.name
+    manifest = corpus / CORPUS_MANIFEST
+    if not manifest.is_file() or not json.loads(manifest.read_text()).get("complete"):
+        raise UserError(f"no finished corpus in {corpus}; make it first: python -m mtp_viz train corpus")
+    layers = aux_layers(args) or default_aux_layer_ids(target.model.config.num_hidden_layers)
+    folder = build_features(target.model, corpus, args.out or corpus / "features", FeatureConfig(layers))
+    print(f"features of {corpus} in {folder}")
 
 
 def aux_layers(args: argparse.Namespace) -> tuple[int, ...] | None:
