@@ -25,7 +25,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -312,6 +312,9 @@ def answer_with_ours(model: str, encode: Encoder, cfg: CorpusConfig, device: str
 
 AUTO = "auto"
 ENGINES = (AUTO, VLLM, OURS)
+# 32 requests of up to 1,536 + 256 tokens on the embedded model hold ~2.6 GB of KV cache (30 layers,
+# 3 KV heads of 64, float32); the interactive server's 2 GiB would hold fewer at once
+CORPUS_SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "4"}
 
 
 def vllm_here() -> bool:
@@ -342,6 +345,9 @@ def make(
     if use == OURS:
         answer = answer_with_ours(name, encode, cfg)
         return folder, build(folder, cfg, encode, answer, target.name, {"engine": "mtp-viz"})
-    with open_server(plan(RunRequest(model=name)), url) as server:
+    served = plan(RunRequest(model=name))
+    if served.server.env:  # a CPU server: room for CONCURRENCY long prompts in its KV cache
+        served = replace(served, server=replace(served.server, env={**served.server.env, **CORPUS_SERVER_ENV}))
+    with open_server(served, url) as server:
         engine_note = {"engine": "vllm", "version": server.version, "started_here": url is None}
         return folder, build(folder, cfg, encode, answer_with_vllm(server, encode, cfg), target.name, engine_note)
