@@ -2,6 +2,8 @@
 batched teacher-forced forwards, memory-mapped, resumable: each sequence's arrays are what a
 forward of that sequence alone gives, and a stopped build finishes to the same store."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,9 @@ from mtp_viz.training import features
 from mtp_viz.training.corpus import OURS, CorpusConfig, make, read_records
 from mtp_viz.training.features import FeatureConfig, FeatureStore, build
 
-CORPUS = CorpusConfig(templates=4, code=2, documents=2, math=2, chat=2, max_new_tokens=6, shard_size=8)
+CORPUS = CorpusConfig(
+    templates=4, code=2, documents=2, math=2, chat=2, max_new_tokens=6, shard_size=8, validation_share=0.4
+)
 
 
 @pytest.fixture
@@ -69,3 +73,15 @@ def test_the_command_builds_the_store_of_a_finished_corpus_and_refuses_an_unfini
     assert store.arrays["aux"].shape[1] == 3 * store.arrays["hidden"].shape[1]  # vLLM's three default layers
     assert main(["train", "features", "--model", "tiny", "--data", str(tmp_path / "none"), "--out", "g"]) == 2
     assert "no finished corpus" in capsys.readouterr().err
+
+
+def test_eagle_trains_from_the_store_on_its_split(corpus, tmp_path, capsys):
+    store = tmp_path / "f"
+    assert main(["train", "features", "--model", "tiny", "--data", str(corpus), "--out", str(store)]) == 0
+    args = ["train", "eagle", "--model", "tiny", "--data", str(store), "--out", str(tmp_path / "e"), "--vocab", "20"]
+    assert main([*args, "--ttt-steps", "2", "--epochs", "1"]) == 0
+    report = json.loads((tmp_path / "e" / "training.json").read_text())
+    assert report["aux_layers"] == FeatureStore(store).meta["made_from"]["config"]["aux_layers"]
+    assert report["train_sequences"] == len(FeatureStore(store).indices(validation=False))
+    assert main(["train", "heads", "--model", "tiny", "--data", str(store), "--out", str(tmp_path / "h")]) == 2
+    assert "only `train eagle` reads one" in capsys.readouterr().err

@@ -16,7 +16,7 @@ from mtp_viz.training.corpus import MANIFEST as CORPUS_MANIFEST
 from mtp_viz.training.data import MANIFEST, DataConfig, generate
 from mtp_viz.training.draft import DraftTrainConfig, train_draft
 from mtp_viz.training.eagle import EagleTrainConfig, train_eagle
-from mtp_viz.training.features import FeatureConfig
+from mtp_viz.training.features import FeatureConfig, is_store
 from mtp_viz.training.features import build as build_features
 from mtp_viz.training.heads import HeadsTrainConfig, train_heads
 from mtp_viz.training.loop import TrainJob
@@ -90,10 +90,13 @@ def cmd_train(args: argparse.Namespace) -> None:
     target = load_model(name, args.device, "float32")
     data = args.data or cache_root() / "train" / target.name
     data_flags = given(args, *DATA_OPTIONS)
-    if args.what != "data" and not data_flags and not (data / MANIFEST).is_file():
+    if args.what != "data" and not data_flags and not (data / MANIFEST).is_file() and not is_store(data):
         raise UserError(f"no training data in {data}; make it first: python -m mtp_viz train data --data {data}")
-    # Without data flags an existing folder keeps its own settings (and is only finished if incomplete).
-    generate(target, data, DataConfig(**data_flags, seed=args.seed) if data_flags else None)
+    if is_store(data):  # a corpus's feature store (train features): EAGLE-3 reads it as it is
+        if args.what != "eagle":
+            raise UserError(f"{data} is a feature store; only `train eagle` reads one so far")
+    else:  # without data flags an existing folder keeps its own settings (and is only finished if incomplete)
+        generate(target, data, DataConfig(**data_flags, seed=args.seed) if data_flags else None)
     if args.what == "data":
         return
     runs = data / "runs" / args.out.name

@@ -29,8 +29,10 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from mtp_viz.drafters.eagle3 import Eagle3Config, Eagle3Drafter, load_eagle3, save_eagle3
 from mtp_viz.drafters.eagle3_config import default_aux_layer_ids
 from mtp_viz.drafters.vocab import frequent_tokens
+from mtp_viz.errors import UserError
 from mtp_viz.training.data import Sequence, load_sequences, shards
 from mtp_viz.training.draft import batches_of
+from mtp_viz.training.features import FeatureStore, is_store
 from mtp_viz.training.loop import LoopConfig, TrainJob, seed_everything
 
 FEATURES = "features"  # the cached target features, per aux-layer choice: data/features/<ids>/<shard>.pt
@@ -120,6 +122,17 @@ def examples(data: Path, folder: Path, index: torch.Tensor, cfg: EagleTrainConfi
     features = [f for shard in shards(data) for f in torch.load(folder / shard.name)]
     chosen = zip(load_sequences(data, hidden=False), features, strict=True)
     return [example(s, f, index, cfg) for i, (s, f) in enumerate(chosen) if (i % cfg.holdout_every == 0) == holdout]
+
+
+def store_examples(store: FeatureStore, index: torch.Tensor, cfg: EagleTrainConfig, validation: bool) -> list[Example]:
+    """The store's training (or validation: the corpus's split, by source) sequences as examples;
+    their arrays stay memory-mapped until a batch reads them."""
+    out = []
+    for s in store.indices(validation):
+        seq = store.sequence(s)
+        labels = (seq["argmax"][:-1], seq["topk_ids"][:-1], seq["topk_logp"][:-1])  # the last has no next token
+        out.append(example(Sequence(seq["tokens"], int(store.prompt_len[s]), None, *labels), seq["aux"], index, cfg))
+    return out
 
 
 def example(s: Sequence, features: torch.Tensor, index: torch.Tensor, cfg: EagleTrainConfig) -> Example:
@@ -261,20 +274,36 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
     seed_everything(cfg.loop.seed)
     started = time.perf_counter()
     model = job.target.model.requires_grad_(False)
+    store = FeatureStore(job.data) if is_store(job.data) else None
     layers = tuple(cfg.aux_layers or default_aux_layer_ids(model.config.num_hidden_layers))
+    if store is not None:
+        layers = tuple(store.meta["made_from"]["config"]["aux_layers"])
+        if cfg.aux_layers and tuple(cfg.aux_layers) != layers:
+            raise UserError(f"the features in {job.data} are of layers {layers}, not {tuple(cfg.aux_layers)}")
     if job.start_from is not None:
         drafter = load_eagle3(job.start_from, embed=model.get_input_embeddings())
         layers = drafter.config.aux_layer_ids
     else:
         eos = sorted(job.target.eos_token_ids)
-        seqs = load_sequences(job.data, cfg.holdout_every, holdout=False, hidden=False)
-        vocab = frequent_tokens((torch.cat([s.tokens, s.argmax]) for s in seqs), cfg.reduced_vocab, always=eos)
+        if store is not None:
+            seqs = (store.sequence(i) for i in store.indices(validation=False))
+            ids = (torch.cat([s["tokens"], s["argmax"][:-1]]) for s in seqs)
+        else:
+            seqs = load_sequences(job.data, cfg.holdout_every, holdout=False, hidden=False)
+            ids = (torch.cat([s.tokens, s.argmax]) for s in seqs)
+        vocab = frequent_tokens(ids, cfg.reduced_vocab, always=eos)
         drafter = build_drafter(model, layers, vocab)
     drafter.train()
-    folder = cache_features(model, job.data, layers, job.log)
     index = drafter.to_draft_index()
-    train_exs = examples(job.data, folder, index, cfg, holdout=False)
-    val_exs = examples(job.data, folder, index, cfg, holdout=True)
+    if store is not None:  # a corpus's feature store: its layers, its split
+        train_exs = store_examples(store, index, cfg, validation=False)
+        val_exs = store_examples(store, index, cfg, validation=True)
+        if not train_exs or not val_exs:
+            raise UserError(f"the features in {job.data} need sequences on both sides of the split")
+    else:
+        folder = cache_features(model, job.data, layers, job.log)
+        train_exs = examples(job.data, folder, index, cfg, holdout=False)
+        val_exs = examples(job.data, folder, index, cfg, holdout=True)
     params = trained_parameters(drafter)
 
     def epoch_batches(epoch: int) -> list[dict[str, torch.Tensor]]:

@@ -41,6 +41,11 @@ class FeatureConfig:
     max_tokens: int = 2048  # a longer sequence is cut at the end (its prompt kept)
 
 
+def is_store(folder: Path) -> bool:
+    """Whether `folder` holds a feature store (finished or not)."""
+    return (folder / META).is_file()
+
+
 class FeatureStore:
     """A store's arrays as memory maps (torch tensors over them on demand; the files are never written)."""
 
