@@ -121,14 +121,8 @@ def first_prompts(cfg: CorpusConfig, dedup: Dedup) -> list[CorpusPrompt]:
         document_prompts(cfg.documents, cfg.seed) if cfg.documents else [],
         math_corpus_prompts(cfg.math, cfg.seed) if cfg.math else [],
     ]
-    mixed = [p for group in _interleave(made) for p in group]
+    mixed = [g[i] for i in range(max(map(len, made))) for g in made if i < len(g)]
     return [p for p in mixed if dedup.keep(p)]
-
-
-def _interleave(groups: list[list]) -> Iterator[list]:
-    longest = max((len(g) for g in groups), default=0)
-    for i in range(longest):
-        yield [g[i] for g in groups if i < len(g)]
 
 
 class Encoder:
