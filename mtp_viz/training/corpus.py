@@ -273,7 +273,9 @@ def answer_with_vllm(server, encode: Encoder, cfg: CorpusConfig) -> Answerer:
     """Answers through a running vLLM server, `cfg.concurrency` requests in flight."""
 
     async def one(client: httpx.AsyncClient, gate: asyncio.Semaphore, item: Item) -> Answer:
-        body = completion_body(server.served_name, item.ids, cfg.max_new_tokens, item.temperature, seed=item.seed)
+        # no per-request seed: vLLM 0.32's CPU worker dies on a seeded request whose prefill is split
+        # ("CPU Generator does not use offset"); the manifest says its sampled answers are unseeded
+        body = completion_body(server.served_name, item.ids, cfg.max_new_tokens, item.temperature)
         async with gate:
             c = await complete_async(client, server.url, body)
         return c.token_ids, encode.decode(c.token_ids), c.finish_reason
@@ -343,5 +345,5 @@ def make(
     if served.server.env:  # a CPU server: room for CONCURRENCY long prompts in its KV cache
         served = replace(served, server=replace(served.server, env={**served.server.env, **CORPUS_SERVER_ENV}))
     with open_server(served, url) as server:
-        engine_note = {"engine": "vllm", "version": server.version, "started_here": url is None}
+        engine_note = {"engine": "vllm", "version": server.version, "started_here": url is None, "seeded": False}
         return folder, build(folder, cfg, encode, answer_with_vllm(server, encode, cfg), target.name, engine_note)
