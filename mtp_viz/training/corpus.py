@@ -3,10 +3,9 @@ the serving engine, in shards, resumable.
 
 Prompts come from mtp_viz.training.corpus_sources (templates, code over the standard library,
 documents installed here, math; then a second chat turn after first answers), held-out overlaps
-dropped. Answers are the target's: through a vLLM server at high concurrency (`engine="vllm"`, the
-default where .venv-vllm exists: 8x our single stream on a 2-core CPU) or through our engine
-(`"ours"`, one run at a time, the same greedy text); most prompts greedy (what greedy speculation
-meets), a share sampled, chosen by the prompt's id so a rerun asks the same.
+dropped. Answers are the target's: by a vLLM server at high concurrency (`engine="vllm"`, the
+default where .venv-vllm exists) or our engine (`"ours"`, one run at a time, the same greedy text);
+most greedy (what greedy speculation meets), a share sampled, chosen by the prompt's id.
 
 The folder holds `first-NNNNN.jsonl` shards (first turns), then `chat-NNNNN.jsonl` (second
 turns), each written whole (atomically) when all its answers are in, and `manifest.json`: the
@@ -16,12 +15,13 @@ written; a folder built with another config is refused rather than mixed.
 
 Each record: id, source, key, split (train | validation, drawn by key: a document, module or topic
 is on one side only), messages, prompt_ids, answer_ids, answer (text), finish_reason, temperature,
-seed. Features for training are computed from these by teacher-forced forwards (not here).
+seed. Features for training: mtp_viz.training.features.
 """
 
 import asyncio
 import hashlib
 import json
+import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -309,8 +309,10 @@ def answer_with_ours(model: str, encode: Encoder, cfg: CorpusConfig, device: str
 AUTO = "auto"
 ENGINES = (AUTO, VLLM, OURS)
 # 32 requests of up to 1,536 + 256 tokens on the embedded model hold ~2.6 GB of KV cache (30 layers,
-# 3 KV heads of 64, float32); the interactive server's 2 GiB would hold fewer at once
-CORPUS_SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "4"}
+# 3 KV heads of 64, float32); the interactive server's 2 GiB would hold fewer at once. vLLM's CPU
+# engine keeps one core for its API server unless OMP_NUM_THREADS says otherwise ("Reducing Torch
+# threads from 2 to 1"); a build is all the machine does, so its engine gets every core
+CORPUS_SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "4", "OMP_NUM_THREADS": str(os.cpu_count() or 1)}
 
 
 def vllm_here() -> bool:
