@@ -7,10 +7,9 @@ dropped. Answers are the target's: by a vLLM server at high concurrency (`engine
 default where .venv-vllm exists) or our engine (`"ours"`, one run at a time, the same greedy text);
 most greedy (what greedy speculation meets), a share sampled, chosen by the prompt's id.
 
-The folder holds `first-NNNNN.jsonl` shards (first turns), then `chat-NNNNN.jsonl` (second
-turns), each written whole (atomically) when all its answers are in, and `manifest.json`: the
-model, the engine, the sampling settings, the config, what each shard holds (records, answer
-tokens, by source and split) and what was dropped. A stopped build resumes at the first shard not
+The folder holds `first-NNNNN.jsonl` shards (first turns), then `chat-NNNNN.jsonl` (second turns),
+each written whole when all its answers are in, and `manifest.json`: the model, the engines, the
+config, what each shard holds (records, answer tokens by source and split), what was dropped. A stopped build resumes at the first shard not
 written; a folder built with another config is refused rather than mixed.
 
 Each record: id, source, key, split (train | validation, drawn by key: a document, module or topic
