@@ -9,8 +9,8 @@ most greedy (what greedy speculation meets), a share sampled, chosen by the prom
 
 The folder holds `first-NNNNN.jsonl` shards (first turns), then `chat-NNNNN.jsonl` (second turns),
 each written whole when all its answers are in, and `manifest.json`: the model, the engines, the
-config, what each shard holds (records, answer tokens by source and split), what was dropped. A stopped build resumes at the first shard not
-written; a folder built with another config is refused rather than mixed.
+config, what each shard holds (records, answer tokens by source and split), what was dropped.
+A stopped build resumes at the first shard not written; another config's folder is refused.
 
 Each record: id, source, key, split (train | validation, drawn by key: a document, module or topic
 is on one side only), messages, prompt_ids, answer_ids, answer (text), finish_reason, temperature,
