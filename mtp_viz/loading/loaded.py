@@ -3,6 +3,7 @@
 nothing later has to probe the modules to find out. And the two questions callers ask of one:
 a prompt's token ids, and the vocabulary a target shares with its draft."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -56,14 +57,20 @@ class Tokenized(Protocol):
 
 def encode_prompt(loaded: Tokenized, prompt: str, raw: bool = False) -> list[int]:
     """Prompt text → token ids, through the chat template unless `raw` or the model has none."""
+    return encode_chat(loaded, ({"role": "user", "content": prompt},), raw)
+
+
+def encode_chat(loaded: Tokenized, messages: Sequence[dict], raw: bool = False) -> list[int]:
+    """A chat so far (ending with the user's turn) → token ids, through the chat template unless
+    `raw` or the model has none (then the turns' texts, a blank line apart)."""
     if loaded.tokenizer is None:
         raise UserError(f"model {loaded.name} has no tokenizer; pass token ids instead of text")
     tok = loaded.tokenizer
     if loaded.chat and not raw and tok.chat_template:
-        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        ids = tok.apply_chat_template(list(messages), add_generation_prompt=True)
         ids = ids["input_ids"] if not isinstance(ids, list) else ids
         return [int(t) for t in ids]
-    return tok(prompt, add_special_tokens=True)["input_ids"]
+    return tok("\n\n".join(m["content"] for m in messages), add_special_tokens=True)["input_ids"]
 
 
 def shared_vocab_size(target: LoadedModel, draft: LoadedModel) -> int:

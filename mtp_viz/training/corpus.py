@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from mtp_viz.errors import UserError
 from mtp_viz.loading import model_name
+from mtp_viz.loading.loaded import Tokenized, encode_chat
 from mtp_viz.loading.spec import load_spec
 from mtp_viz.measured import stamp, write_atomically
 from mtp_viz.paths import cache_root
@@ -124,21 +125,16 @@ def first_prompts(cfg: CorpusConfig, dedup: Dedup) -> list[CorpusPrompt]:
 
 
 class Encoder:
-    """Prompts → token ids through the target's chat template (a plain join without one)."""
+    """Prompts → token ids as a run encodes them (mtp_viz.loading.encode_chat), and back to text."""
 
-    def __init__(self, tokenizer, chat: bool):
-        self.tokenizer, self.chat = tokenizer, chat
+    def __init__(self, target: Tokenized):
+        self.target = target
 
     def __call__(self, messages: tuple[dict, ...]) -> list[int]:
-        tok = self.tokenizer
-        if self.chat and tok.chat_template:
-            ids = tok.apply_chat_template(list(messages), add_generation_prompt=True)
-            ids = ids["input_ids"] if not isinstance(ids, list) else ids
-            return [int(t) for t in ids]
-        return tok("\n\n".join(m["content"] for m in messages), add_special_tokens=True)["input_ids"]
+        return encode_chat(self.target, messages)
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.target.tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def items_for(prompts: list[CorpusPrompt], encode: Encoder, cfg: CorpusConfig, dropped: dict) -> list[Item]:
@@ -335,7 +331,7 @@ def make(
     if target.tokenizer is None:
         raise UserError(f"{name} has no tokenizer: a corpus needs one")
     folder = folder or cache_root() / "corpus" / target.name
-    encode = Encoder(target.tokenizer, target.chat)
+    encode = Encoder(target)
     use = engine if engine != AUTO else VLLM if url or vllm_here() else OURS
     if use == OURS:
         answer = answer_with_ours(name, encode, cfg)
