@@ -97,6 +97,7 @@ class Run:
             self.spec.name, request.draft, request.heads, request.eagle3, request.device, request.dtype, request.weights
         )
         self.drafting = load_drafting(target, self.spec.drafters(self.settings), drafters)
+        self.settings = self.spec.fitted(self.settings, self.drafting)
         self.vocab_size = (
             shared_vocab_size(self.target, self.draft) if self.draft else self.target.model.config.vocab_size
         )

@@ -2,6 +2,7 @@
 and `train eagle` runs end to end, resumably, into a checkpoint the loader reads."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ from conftest import save_tiny_dir, tiny_model
 from mtp_viz.__main__ import main
 from mtp_viz.drafters.eagle3 import load_eagle3
 from mtp_viz.loading import load_model
+from mtp_viz.runner import RunRequest, run
+from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.training.eagle import EagleTrainConfig, Example, build_drafter, collate, losses, unroll
 
 
@@ -103,6 +106,8 @@ def test_train_eagle_end_to_end_and_resume(tiny_dir, tmp_path, capsys):
     config = json.loads((out / "config.json").read_text())
     assert 0 < config["draft_vocab_size"] <= 20  # the tokens the tiny data holds, at most --vocab
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    assert config["trained_draft_steps"] == 2  # the steps unrolled: the deepest chain it drafts
+    assert report["history"][-1]["train_loss"] > 0 and report["history"][-1]["lr"] >= 0
 
     target = load_model(str(tiny_dir))
     drafter = load_eagle3(out, embed=target.model.get_input_embeddings())
@@ -111,6 +116,13 @@ def test_train_eagle_end_to_end_and_resume(tiny_dir, tmp_path, capsys):
     features = next((data / "features" / "0-1-2").glob("*.pt"))
     cached = torch.load(features)
     assert cached[0].shape[1] == 3 * target.model.config.hidden_size
+
+    # a deeper chain than it was trained for is capped at its 2 steps (the trace says so)
+    request = RunRequest(prompt="hello", model=str(tiny_dir), strategy="eagle", eagle3=str(out))
+    request = replace(request, strategy_settings={"depth": 4}, generation=GenerationSettings(max_new_tokens=6))
+    trace = run(request)
+    assert trace.settings["depth"] == 2
+    assert max(len(step.drafted) for step in trace.steps) == 2
 
     # the same run resumed from its last checkpoint ends where it ended
     weights = (out / "model.safetensors").read_bytes()

@@ -11,8 +11,9 @@ from mtp_viz.__main__ import main
 from mtp_viz.drafters.draft import load_draft
 from mtp_viz.drafters.heads import load_heads
 from mtp_viz.drafters.vocab import ReducedHead, frequent_tokens
+from mtp_viz.errors import UserError
 from mtp_viz.loading import load_model
-from mtp_viz.training.loop import LoopConfig, train
+from mtp_viz.training.loop import STABLE, LoopConfig, lr_at, train
 
 
 @pytest.fixture(scope="module")
@@ -89,36 +90,70 @@ def test_reduced_head_scores_only_its_subset():
     assert head.index[7] == 2 and head.index[5] == -1
 
 
+BATCHES = [torch.randn(8, 3, generator=torch.Generator().manual_seed(i)) for i in range(5)]
+
+
+def fit(out, cfg, stop_at=None, resume=False):
+    """A tiny regression trained by the loop (noisy loss: the RNG state must carry over); its weights."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.zeros(3))
+    calls = []
+
+    def loss(x):
+        calls.append(1)
+        if stop_at is not None and len(calls) > stop_at:
+            raise KeyboardInterrupt
+        return ((x @ w - 1.0) ** 2).mean() + 0.01 * torch.randn(()), {}
+
+    epoch_batches = lambda epoch: BATCHES[epoch % 5 :] + BATCHES[: epoch % 5]  # noqa: E731
+    train({"w": w}, epoch_batches, loss, lambda: {"w0": w[0].item()}, out, cfg, resume, log=lambda m: None)
+    return w.detach().clone()
+
+
 def test_resume_continues_the_same_run(tmp_path):
     """A run stopped after a checkpoint and resumed ends with the weights of an uninterrupted one."""
     cfg = LoopConfig(epochs=2, lr=0.05, warmup_steps=2, eval_every=3, checkpoint_every=1)
-    batches = [torch.randn(8, 3, generator=torch.Generator().manual_seed(i)) for i in range(5)]
-
-    def run(out, stop_at=None, resume=False):
-        torch.manual_seed(0)
-        w = torch.nn.Parameter(torch.zeros(3))
-        calls = []
-
-        def loss(x):
-            calls.append(1)
-            if stop_at is not None and len(calls) > stop_at:
-                raise KeyboardInterrupt
-            return ((x @ w - 1.0) ** 2).mean() + 0.01 * torch.randn(()), {}
-
-        train(
-            {"w": w},
-            lambda epoch: batches[epoch:] + batches[:epoch],
-            loss,
-            lambda: {"w0": w[0].item()},
-            out,
-            cfg,
-            resume,
-            log=lambda m: None,
-        )
-        return w.detach().clone()
-
-    straight = run(tmp_path / "a")
+    straight = fit(tmp_path / "a", cfg)
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "b", stop_at=4)
-    resumed = run(tmp_path / "b", resume=True)
+        fit(tmp_path / "b", cfg, stop_at=4)
+    resumed = fit(tmp_path / "b", cfg, resume=True)
     torch.testing.assert_close(resumed, straight)
+
+
+def test_schedules():
+    """cosine ends at zero; constant keeps the rate after warm-up; wsd keeps it, then decays linearly
+    over its last share."""
+    cos, const = LoopConfig(lr=1.0, warmup_steps=2), LoopConfig(lr=1.0, warmup_steps=2, schedule="constant")
+    wsd = LoopConfig(lr=1.0, warmup_steps=2, schedule="wsd", decay_share=0.25)
+    assert [lr_at(s, 20, cos) for s in (0, 1)] == [0.5, 1.0] == [lr_at(s, 20, wsd) for s in (0, 1)]
+    assert lr_at(19, 20, cos) < 0.01 and lr_at(10, 20, cos) < 0.6
+    assert {lr_at(s, 20, const) for s in range(2, 20)} == {1.0}
+    assert wsd.decay_start(20) == 15
+    assert {lr_at(s, 20, wsd) for s in range(2, 15)} == {1.0}
+    assert [round(lr_at(s, 20, wsd), 6) for s in range(15, 20)] == [1.0, 0.8, 0.6, 0.4, 0.2]
+    with pytest.raises(ValueError, match="schedule"):
+        LoopConfig(schedule="linear")
+
+
+@pytest.mark.parametrize("schedule", ["constant", "wsd"])
+def test_a_finished_run_made_longer_ends_as_the_longer_run(tmp_path, schedule):
+    """--resume with more steps: a constant run goes on from its last checkpoint; a wsd run from the
+    state kept where its decay began (checkpoint-stable.pt), to decay at the new end. Either ends with
+    the weights of a run that was that long from the start."""
+    short = LoopConfig(epochs=4, lr=0.05, warmup_steps=2, eval_every=4, schedule=schedule, max_steps=10)
+    long = LoopConfig(**{**short.__dict__, "max_steps": 18})
+    straight = fit(tmp_path / "a", long)
+    fit(tmp_path / "b", short)
+    assert (tmp_path / "b" / STABLE).exists() == (schedule == "wsd")
+    longer = fit(tmp_path / "b", long, resume=True)
+    torch.testing.assert_close(longer, straight)
+    assert not torch.allclose(fit(tmp_path / "c", short), straight)  # the extension trained something
+
+
+def test_a_cosine_run_is_not_made_longer(tmp_path):
+    short = LoopConfig(epochs=4, lr=0.05, warmup_steps=2, max_steps=6)
+    fit(tmp_path / "a", short)
+    with pytest.raises(UserError, match="cosine"):
+        fit(tmp_path / "a", LoopConfig(**{**short.__dict__, "max_steps": 12}), resume=True)
+    with pytest.raises(UserError, match="other settings"):
+        fit(tmp_path / "a", LoopConfig(**{**short.__dict__, "lr": 0.1}), resume=True)

@@ -19,7 +19,7 @@ from mtp_viz.training.eagle import EagleTrainConfig, train_eagle
 from mtp_viz.training.features import FeatureConfig, is_store
 from mtp_viz.training.features import build as build_features
 from mtp_viz.training.heads import HeadsTrainConfig, train_heads
-from mtp_viz.training.loop import TrainJob
+from mtp_viz.training.loop import SCHEDULES, TrainJob
 from mtp_viz.training.mask import MaskTrainConfig, train_mask
 
 DATA_OPTIONS = ("instructions", "self_instruct", "contexts", "math", "max_new_tokens", "batch_size")
@@ -42,8 +42,10 @@ TUNING = {
     "--steps": "mtp, eagle: optimizer steps (the training budget; eagle: at most, within --epochs)",
     "--epochs": None,
     "--lr": None,
+    "--schedule": "learning rate after warm-up: cosine (to zero at the run's end), constant, or wsd "
+    "(warmup-stable-decay); a constant or wsd run can be made longer with --resume and more --steps or --epochs",
 }
-TYPES = {"--gating": str, "--lr": float, "--aux-layers": str}
+TYPES = {"--gating": str, "--lr": float, "--aux-layers": str, "--schedule": str}
 
 
 def add(sub) -> None:
@@ -76,7 +78,9 @@ def cmd_train(args: argparse.Namespace) -> None:
         return cmd_corpus(args)
     if args.what == "features":
         return cmd_features(args)
-    loop = given(args, "epochs", "lr")
+    loop = given(args, "epochs", "lr", "schedule")
+    if loop.get("schedule", SCHEDULES[0]) not in SCHEDULES:
+        raise UserError(f"--schedule {loop['schedule']}: one of {', '.join(SCHEDULES)}")
     if args.what != "data" and args.out is None:
         raise UserError(f"train {args.what} needs --out DIR")
     if args.what == "mtp":  # settings checked before anything loads

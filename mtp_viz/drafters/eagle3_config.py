@@ -12,6 +12,9 @@ UNSUPPORTED = {"num_hidden_layers": 1, "hidden_act": "silu", "attention_bias": F
 UNSUPPORTED |= {"fc_norm": False, "norm_output": False, "norm_before_residual": False}
 
 
+TRAINED_STEPS = "trained_draft_steps"  # our key in config.json (vLLM ignores it): the steps training unrolled
+
+
 def default_aux_layer_ids(target_layers: int) -> tuple[int, int, int]:
     """vLLM's default when a checkpoint names none (interfaces.py,
     get_eagle3_default_aux_hidden_state_layers). Id k is the residual stream after k decoder
@@ -35,6 +38,7 @@ class Eagle3Config:
     norm_before_fc: bool = False  # an RMSNorm (`input_norm`) over the concatenated features
     target_hidden_size: int | None = None  # None: the drafter's own hidden size
     rope_scaling: dict[str, Any] | None = None  # a Llama `rope_scaling` (e.g. llama3), None: plain RoPE
+    trained_steps: int | None = None  # draft steps its training unrolled (ours; None: not recorded)
 
     @property
     def fc_input_size(self) -> int:
@@ -80,6 +84,7 @@ class Eagle3Config:
             norm_before_fc=bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False))),
             target_hidden_size=config.get("target_hidden_size"),
             rope_scaling={k: v for k, v in scaling.items() if k != "rope_theta"} if scaling else None,
+            trained_steps=config.get(TRAINED_STEPS),
         )
 
     def to_hf(self) -> dict[str, Any]:
@@ -108,4 +113,6 @@ class Eagle3Config:
             config["target_hidden_size"] = self.target_hidden_size
         if self.rope_scaling is not None:
             config["rope_scaling"] = dict(self.rope_scaling)
+        if self.trained_steps is not None:
+            config[TRAINED_STEPS] = self.trained_steps
         return config

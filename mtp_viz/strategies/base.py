@@ -141,9 +141,14 @@ class StrategySpec:
     # the drafter kinds it drafts with, the first the target has (or f(settings) → kinds)
     drafter: tuple[DrafterKind, ...] | Callable[[Any], tuple[DrafterKind, ...]] = ()
     lossy_when: Callable[[dict], bool] | None = None  # settings (as in a trace) that make it lossy
+    # the settings fitted to the drafter loaded (settings, its Drafting) → settings; what the trace records
+    fit: Callable[[Any, Any], Any] | None = None
 
     def drafters(self, settings: Any) -> tuple[DrafterKind, ...]:
         return self.drafter(settings) if callable(self.drafter) else self.drafter
+
+    def fitted(self, settings: Any, drafting: Any) -> Any:
+        return self.fit(settings, drafting) if self.fit else settings
 
     @property
     def needs_draft(self) -> bool:

@@ -20,7 +20,7 @@ cache. Each step:
 """
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -247,4 +247,10 @@ def run(ctx: DecodeContext, settings: EagleSettings) -> Iterator[Step]:
         )
 
 
-SPEC = StrategySpec(NAME, EagleSettings, run, SUMMARY, drafter=(DrafterKind.EAGLE3,))
+def fit(settings: EagleSettings, drafting) -> EagleSettings:
+    """The depth capped at the draft steps the drafter was trained to take (where it says)."""
+    trained = drafting.eagle3.config.trained_steps if drafting.eagle3 is not None else None
+    return replace(settings, depth=min(settings.depth, trained)) if trained else settings
+
+
+SPEC = StrategySpec(NAME, EagleSettings, run, SUMMARY, drafter=(DrafterKind.EAGLE3,), fit=fit)

@@ -19,7 +19,7 @@ vocabulary, answer positions weighted 1 and prompt positions `prompt_weight`, st
 
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -40,7 +40,7 @@ FEATURES = "features"  # the cached target features, per aux-layer choice: data/
 
 @dataclass(frozen=True)
 class EagleTrainConfig:
-    ttt_steps: int = 3
+    ttt_steps: int = 5  # also the deepest chain the strategy drafts with it (config.json's trained_draft_steps)
     reduced_vocab: int = 8192
     aux_layers: tuple[int, ...] | None = None  # None: vLLM's default (2, L/2, L−3)
     max_tokens: int = 640  # a longer sequence keeps its last max_tokens
@@ -322,6 +322,7 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
     history = job.train(params, epoch_batches, lambda batch: losses(drafter, batch, cfg), validate, cfg.loop)
     drafter.eval()
     drafter.embed_tokens = None  # the target's, shared: not saved, and not to be cast
+    drafter.config = replace(drafter.config, trained_steps=max(cfg.ttt_steps, drafter.config.trained_steps or 0))
     save_eagle3(drafter.half(), job.out)
     return job.report(
         cfg, started, initial, history, aux_layers=list(layers), train_sequences=len(train_exs), train_tokens=tokens

@@ -1,9 +1,16 @@
-"""The training loop both drafters share: fixed seeds, AdamW with warm-up and cosine decay,
+"""The training loop every drafter shares: fixed seeds, AdamW with warm-up and a schedule,
 gradient clipping, a progress bar, periodic validation, and checkpoint/resume.
 
 A task supplies its parameters, an epoch's batches, a loss and a validation function; the loop
 knows nothing of drafts or heads. A checkpoint holds the parameters, the optimizer, the step and
 the RNG states, so `--resume` continues the same run (the same batches in the same order).
+
+Schedules (after `warmup_steps` of linear warm-up): `cosine` decays to zero at the run's last step,
+so its shape depends on the run's length and a finished run cannot be extended; `constant` keeps
+the rate, so `--resume` with more steps (or epochs) simply goes on; `wsd` (warmup-stable-decay)
+keeps it until the last `decay_share` of the run and then decays linearly to zero: the state at the
+start of the decay is kept (checkpoint-stable.pt), so a longer run resumes from there and decays
+at its own end. The validation history also records the mean training loss since the last entry.
 """
 
 import json
@@ -18,10 +25,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from mtp_viz.errors import UserError
 from mtp_viz.loading import LoadedModel
 
 CHECKPOINT = "checkpoint.pt"
+STABLE = "checkpoint-stable.pt"  # wsd: the state at the start of the decay, which a longer run resumes from
 REPORT = "training.json"
+SCHEDULES = ("cosine", "constant", "wsd")
+LENGTH = ("epochs", "max_steps")  # the settings a resumed run may change (constant and wsd schedules)
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,18 @@ class LoopConfig:
     checkpoint_every: int = 50
     seed: int = 0
     max_steps: int = 0  # stop after this many steps (0: after `epochs`)
+    schedule: str = "cosine"  # cosine, constant or wsd (see the module's docstring)
+    decay_share: float = 0.2  # wsd: the share of the run that decays
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule {self.schedule!r}: one of {', '.join(SCHEDULES)}")
+        if not 0.0 < self.decay_share <= 1.0:
+            raise ValueError(f"decay_share {self.decay_share}: in (0, 1]")
+
+    def decay_start(self, total: int) -> int:
+        """wsd: the first step whose rate decays."""
+        return max(self.warmup_steps, total - max(1, round(self.decay_share * total)))
 
 
 @dataclass(frozen=True)
@@ -79,8 +102,18 @@ def seed_everything(seed: int) -> None:
 def lr_at(step: int, total: int, cfg: LoopConfig) -> float:
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return cfg.lr
+    if cfg.schedule == "wsd":
+        start = cfg.decay_start(total)
+        return cfg.lr if step < start else cfg.lr * (total - step) / max(1, total - start)
     progress = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def total_steps(per_epoch: int, cfg: LoopConfig) -> int:
+    total = per_epoch * cfg.epochs
+    return min(total, cfg.max_steps) if cfg.max_steps else total
 
 
 def train(
@@ -97,26 +130,25 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     optimizer = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     per_epoch = len(epoch_batches(0))
-    total = per_epoch * cfg.epochs
-    if cfg.max_steps:
-        total = min(total, cfg.max_steps)
+    total = total_steps(per_epoch, cfg)
     step, history = 0, []
-    checkpoint = out / CHECKPOINT
-    if resume and checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
-        if asdict(LoopConfig(**state["config"])) != asdict(cfg):
-            raise ValueError(f"{checkpoint} was made with other settings; start afresh without --resume")
+    if resume and (out / CHECKPOINT).exists():
+        state = _resumable(out, cfg, per_epoch)
         with torch.no_grad():
             for name, value in state["params"].items():
                 params[name].copy_(value)
         optimizer.load_state_dict(state["optimizer"])
         step, history = state["step"], state["history"]
         torch.set_rng_state(state["torch_rng"])
-        log(f"resumed from {checkpoint} at step {step}/{total}")
+        log(f"resumed from {state['path']} at step {step}/{total}")
+    decay = cfg.decay_start(total) if cfg.schedule == "wsd" else None
     bar = tqdm(total=total, initial=step, unit="step", desc=f"train {out.name}")
+    losses: list[float] = []
     for epoch, batch in _from(step, per_epoch, cfg.epochs, epoch_batches):
         if step >= total:
             break
+        if step == decay:  # wsd: what a longer run would resume from
+            _save(out / STABLE, params, optimizer, step, history, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, total, cfg)
         loss, stats = loss_fn(batch)
@@ -124,16 +156,50 @@ def train(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params.values(), cfg.grad_clip)
         optimizer.step()
+        losses.append(float(loss.detach()))
         step += 1
         bar.update(1)
         bar.set_postfix(epoch=epoch, **{k: f"{v:.3f}" for k, v in stats.items()})
         if step % cfg.eval_every == 0 or step == total:
-            history.append({"step": step, **validate()})
-            log(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in history[-1].items() if k != "step"))
+            entry = {"step": step, "train_loss": sum(losses) / len(losses), "lr": lr_at(step - 1, total, cfg)}
+            history.append(entry | validate())
+            losses = []
+            log(f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in history[-1].items() if k != "step"))
         if step % cfg.checkpoint_every == 0 or step == total:
-            _save(checkpoint, params, optimizer, step, history, cfg)
+            _save(out / CHECKPOINT, params, optimizer, step, history, cfg)
     bar.close()
     return history
+
+
+def _resumable(out: Path, cfg: LoopConfig, per_epoch: int) -> dict:
+    """The state a run with `cfg` continues from: the last checkpoint of the same run; for a run
+    made longer, the last checkpoint (constant), or the last one before the new run's decay starts
+    (wsd: the last checkpoint while its own decay had not begun, else the one kept at its start);
+    refused otherwise."""
+    path = out / CHECKPOINT
+    state = torch.load(path, weights_only=False) | {"path": path}
+    old = LoopConfig(**state["config"])
+    if {k: v for k, v in asdict(old).items() if k not in LENGTH} != {
+        k: v for k, v in asdict(cfg).items() if k not in LENGTH
+    }:
+        raise UserError(f"{path} was made with other settings; start afresh without --resume")
+    if old == cfg:
+        return state
+    if cfg.schedule == "cosine":
+        raise UserError("a cosine schedule ends at zero: only a constant or wsd run can be made longer (--resume)")
+    total = total_steps(per_epoch, cfg)
+    if cfg.schedule == "constant":
+        if state["step"] > total:
+            raise UserError(f"{path} is at step {state['step']}, past this run's {total} steps")
+        return state
+    start = cfg.decay_start(total)
+    if state["step"] <= min(start, old.decay_start(total_steps(per_epoch, old))):
+        return state
+    if (out / STABLE).exists():
+        kept = torch.load(out / STABLE, weights_only=False) | {"path": out / STABLE}
+        if kept["step"] <= start:
+            return kept
+    raise UserError(f"{out} holds no state from before step {start}, where this run's decay starts")
 
 
 def _from(step: int, per_epoch: int, epochs: int, epoch_batches) -> Iterator[tuple[int, object]]:
