@@ -31,18 +31,6 @@ from heads_variants import MODEL, SPEC_BENCH_PER_CATEGORY, spec_bench_answers  #
 STEPS = 3
 
 
-@torch.inference_mode()
-def eagle_examples(model, drafter, seqs, cfg) -> list[eagle.Example]:
-    layers = drafter.config.aux_layer_ids
-    index = drafter.to_draft_index()
-    out = []
-    for s in seqs:
-        states = model.model(input_ids=s.tokens[None].long(), output_hidden_states=True).hidden_states
-        features = torch.cat([states[k][0] for k in layers], -1).half()
-        out.append(eagle.example(s, features, index, cfg))
-    return out
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, required=True, help="the EAGLE-3 run's `train data` folder")
@@ -60,7 +48,13 @@ def main() -> None:
     print(f"{eagle_id} vs {heads_id}; {len(val)} validation sequences, {len(bench)} Spec-Bench answers", flush=True)
     for name, seqs in (("validation split", val), ("Spec-Bench answers", bench)):
         with torch.no_grad():
-            e = eagle.agreement(drafter, eagle_examples(target.model, drafter, seqs, cfg), STEPS)
+            e = eagle.agreement(
+                drafter,
+                eagle.sequence_examples(
+                    target.model, seqs, drafter.config.aux_layer_ids, drafter.to_draft_index(), cfg
+                ),
+                STEPS,
+            )
             h = heads.agreement(mtp, heads.positions(seqs, mtp.head.index.cpu(), STEPS), STEPS)
         per_step = ", ".join(
             f"step {j}: eagle {e[f'val_top1_step{j}']:.3f} / heads {h[f'val_top1_depth{j}']:.3f}"

@@ -42,11 +42,10 @@ from torch import nn
 from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from mtp_viz.loading import encode_prompt, load_heads_for, load_model, quiet_transformers
+from mtp_viz.loading import load_heads_for, load_model, quiet_transformers
 from mtp_viz.paths import cache_root
-from mtp_viz.prompts import spec_bench
-from mtp_viz.sampling import Warp
-from mtp_viz.training.data import DataConfig, generate_batch, load_sequences
+from mtp_viz.training.data import load_sequences
+from mtp_viz.training.heldout import answer, spec_bench_prompts
 
 MODEL = "smollm2-135m"
 EXTRA_LAYERS = (4, 16)  # hidden_states indices: after decoder layers 4 and 16 of 30
@@ -170,19 +169,9 @@ def agreement(fn, head, seqs, index, h: int) -> float:
     return right / max(1, total)
 
 
-@torch.inference_mode()
 def spec_bench_answers(target, per_category: int):
     """The target's greedy answers (96 tokens) to the first prompts of every Spec-Bench category."""
-    by_category: dict[str, list[str]] = {}
-    for q in spec_bench():
-        by_category.setdefault(q["category"], []).append(q["turns"][0])
-    prompts = [p for ps in by_category.values() for p in ps[:per_category]]
-    ids = [encode_prompt(target, p)[-700:] for p in prompts]
-    cfg = DataConfig(max_new_tokens=96)
-    seqs = []
-    for start in range(0, len(ids), 8):
-        seqs += generate_batch(target, ids[start : start + 8], cfg, Warp(), torch.Generator().manual_seed(0))
-    return seqs
+    return answer(target, spec_bench_prompts(per_category))
 
 
 def data_folder(arg: str | None, target) -> Path:

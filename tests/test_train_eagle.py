@@ -108,6 +108,11 @@ def test_train_eagle_end_to_end_and_resume(tiny_dir, tmp_path, capsys):
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
     assert config["trained_draft_steps"] == 2  # the steps unrolled: the deepest chain it drafts
     assert report["history"][-1]["train_loss"] > 0 and report["history"][-1]["lr"] >= 0
+    assert {"heldout_top1_step1", "heldout_top1_step2", "heldout_mean_accepted_tokens"} <= set(report["history"][-1])
+    curves = (out / "curves.md").read_text()  # loss, validation, held-out and chain charts, then the table
+    assert curves.count("xychart-beta") == 4 and "| step | val_top1_step1 |" in curves
+    losses = ", ".join(f"{h['train_loss']:.4g}" for h in report["history"])
+    assert f"line [{losses}]" in curves.split("```mermaid")[1]  # the loss chart: the entries that have one
 
     target = load_model(str(tiny_dir))
     drafter = load_eagle3(out, embed=target.model.get_input_embeddings())

@@ -34,6 +34,8 @@ TUNING = {
     "--layers": "draft: decoder layers",
     "--depth": "heads: depths unrolled in training",
     "--ttt-steps": "eagle: draft steps unrolled in training (training-time test)",
+    "--heldout": "eagle: Spec-Bench prompts a category whose answers (the target's) are scored at every "
+    "validation (0: none)",
     "--aux-layers": "eagle: the target layers whose residual streams the drafter reads, e.g. 2,15,27",
     "--vocab": "reduced vocabulary size",
     "--k-max": "mtp: most predictions per forward trained (1 + masks)",
@@ -69,7 +71,7 @@ def add(sub) -> None:
     t.add_argument("--device", default="cpu")
     t.add_argument("--engine", choices=ENGINES, default=AUTO, help="corpus: who answers (auto: vLLM where installed)")
     t.add_argument("--vllm-url", help="corpus: the vLLM server already running there answers")
-    t.add_argument("--prompts", type=int, help="corpus: about this many first-turn prompts (default ~7,800)")
+    t.add_argument("--prompts", type=int, help="corpus: about this many first-turn prompts (default ~4,600)")
     t.set_defaults(func=cmd_train)
 
 
@@ -87,7 +89,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         mask_loop = replace(MaskTrainConfig().loop, seed=args.seed, **loop, **given(args, max_steps="steps"))
         mask_cfg = MaskTrainConfig(**given(args, "k_max", "rank", "gating"), loop=mask_loop)
     if args.what == "eagle":
-        eagle_cfg = EagleTrainConfig(**given(args, "ttt_steps", reduced_vocab="vocab"), aux_layers=aux_layers(args))
+        named = given(args, "ttt_steps", reduced_vocab="vocab", heldout_per_category="heldout")
+        eagle_cfg = EagleTrainConfig(**named, aux_layers=aux_layers(args))
         eagle_loop = replace(eagle_cfg.loop, seed=args.seed, **loop, **given(args, max_steps="steps"))
         eagle_cfg = replace(eagle_cfg, loop=eagle_loop)
     name = model_name(args.model, args.device)

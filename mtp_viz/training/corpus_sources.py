@@ -59,7 +59,7 @@ FOLLOW_UPS = (
     "What is the most common mistake people make here?",
 )
 CODE_LINES = (6, 40)  # functions of this many lines (shorter say little, longer crowd the context)
-DOC_WORDS = (80, 450)  # documents of this many words
+DOC_WORDS = (80, 300)  # documents of this many words
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from mtp_viz.errors import UserError
 from mtp_viz.training.data import Sequence, load_sequences, shards
 from mtp_viz.training.draft import batches_of
 from mtp_viz.training.features import FeatureStore, is_store
+from mtp_viz.training.heldout import PER_CATEGORY, spec_bench_heldout
 from mtp_viz.training.loop import LoopConfig, TrainJob, seed_everything
 
 FEATURES = "features"  # the cached target features, per aux-layer choice: data/features/<ids>/<shard>.pt
@@ -49,6 +50,7 @@ class EagleTrainConfig:
     soft_weight: float = 0.5
     prompt_weight: float = 0.2
     holdout_every: int = 20
+    heldout_per_category: int = PER_CATEGORY  # Spec-Bench answers scored at every validation (0: none)
     loop: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=4, lr=5e-4, eval_every=100))
 
 
@@ -105,16 +107,29 @@ def cache_features(model, data: Path, aux_layers: tuple[int, ...], log=print) ->
     started = time.perf_counter()
     for i, shard in enumerate(todo):
         seqs = torch.load(shard)["sequences"]
-        out = []
-        for s in seqs:
-            ids = s["tokens"][None].long()
-            states = model.model(input_ids=ids, output_hidden_states=True).hidden_states  # the decoder: no head
-            out.append(torch.cat([states[k][0] for k in aux_layers], -1).half())
+        out = [aux_features(model, s["tokens"], aux_layers) for s in seqs]
         tmp = (folder / shard.name).with_suffix(".tmp")
         torch.save(out, tmp)
         tmp.rename(folder / shard.name)
         log(f"features: {shard.name} ({i + 1}/{len(todo)}, {time.perf_counter() - started:.0f} s)")
     return folder
+
+
+@torch.inference_mode()
+def aux_features(model, tokens: torch.Tensor, aux_layers: tuple[int, ...]) -> torch.Tensor:
+    """The target's residual streams after `aux_layers` at every position of `tokens`, (n, A·H) fp16."""
+    states = model.model(input_ids=tokens[None].long(), output_hidden_states=True).hidden_states  # no head
+    return torch.cat([states[k][0] for k in aux_layers], -1).half()
+
+
+def sequence_examples(model, seqs: list[Sequence], layers, index: torch.Tensor, cfg: EagleTrainConfig) -> list[Example]:
+    """Sequences with the teacher's view (the held-out set) as examples, their features computed here."""
+    return [example(s, aux_features(model, s.tokens, layers), index, cfg) for s in seqs]
+
+
+def heldout_agreement(drafter: Eagle3Drafter, exs: list[Example], steps: int) -> dict[str, float]:
+    """agreement() on the held-out Spec-Bench answers, its keys prefixed `heldout_`."""
+    return {"heldout_" + k.removeprefix("val_"): v for k, v in agreement(drafter, exs, steps).items()}
 
 
 def examples(data: Path, folder: Path, index: torch.Tensor, cfg: EagleTrainConfig, holdout: bool) -> list[Example]:
@@ -305,6 +320,10 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
         train_exs = examples(job.data, folder, index, cfg, holdout=False)
         val_exs = examples(job.data, folder, index, cfg, holdout=True)
     params = trained_parameters(drafter)
+    heldout = []
+    if cfg.heldout_per_category:
+        seqs = spec_bench_heldout(job.target, cfg.heldout_per_category, log=job.log)
+        heldout = sequence_examples(model, seqs, layers, index, cfg)
 
     def epoch_batches(epoch: int) -> list[dict[str, torch.Tensor]]:
         rng = random.Random(cfg.loop.seed * 1000 + epoch)
@@ -313,6 +332,8 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
     def validate() -> dict[str, float]:
         drafter.eval()
         result = agreement(drafter, val_exs, cfg.ttt_steps)
+        if heldout:
+            result |= heldout_agreement(drafter, heldout, cfg.ttt_steps)
         drafter.train()
         return result
 

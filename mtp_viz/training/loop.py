@@ -27,10 +27,12 @@ from tqdm import tqdm
 
 from mtp_viz.errors import UserError
 from mtp_viz.loading import LoadedModel
+from mtp_viz.training.curves import markdown
 
 CHECKPOINT = "checkpoint.pt"
 STABLE = "checkpoint-stable.pt"  # wsd: the state at the start of the decay, which a longer run resumes from
 REPORT = "training.json"
+CURVES = "curves.md"  # the history drawn (mtp_viz.training.curves), for docs/training.md
 SCHEDULES = ("cosine", "constant", "wsd")
 LENGTH = ("epochs", "max_steps")  # the settings a resumed run may change (constant and wsd schedules)
 
@@ -80,7 +82,7 @@ class TrainJob:
 
     def report(self, cfg, started: float, before: dict, history: list[dict], **sizes) -> dict:
         """The run's report (settings, data sizes, validation before and during training, seconds
-        since `started`), also written to out/training.json."""
+        since `started`), also written to out/training.json, and drawn in out/curves.md."""
         report = {
             "config": asdict(cfg),
             **sizes,
@@ -90,6 +92,7 @@ class TrainJob:
             "seconds": time.perf_counter() - started,
         }
         (self.out / REPORT).write_text(json.dumps(report, indent=1))
+        (self.out / CURVES).write_text(markdown([{"step": 0, **before}, *history], f"Training {self.out.name}"))
         return report
 
 
