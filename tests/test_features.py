@@ -11,7 +11,7 @@ import torch
 from mtp_viz.cli import main
 from mtp_viz.errors import UserError
 from mtp_viz.loading import load_model
-from mtp_viz.training import features
+from mtp_viz.training import features, heads
 from mtp_viz.training.corpus import OURS, CorpusConfig, make, read_records
 from mtp_viz.training.features import FeatureConfig, FeatureStore, build
 
@@ -83,5 +83,31 @@ def test_eagle_trains_from_the_store_on_its_split(corpus, tmp_path, capsys):
     report = json.loads((tmp_path / "e" / "training.json").read_text())
     assert report["aux_layers"] == FeatureStore(store).meta["made_from"]["config"]["aux_layers"]
     assert report["train_sequences"] == len(FeatureStore(store).indices(validation=False))
-    assert main(["train", "heads", "--model", "tiny", "--data", str(store), "--out", str(tmp_path / "h")]) == 2
-    assert "only `train eagle` reads one" in capsys.readouterr().err
+    assert main(["train", "draft", "--model", "tiny", "--data", str(store), "--out", str(tmp_path / "d")]) == 2
+    assert "`train eagle` and `train heads` read one" in capsys.readouterr().err
+
+
+def test_heads_read_the_store_in_place_as_they_read_copied_sequences(corpus, tmp_path, capsys):
+    """store_positions (memory-mapped, one index for records and tokens) holds at every example what
+    positions() builds from the same sequences copied out, for each side of the split; and `train
+    heads` trains from a store."""
+    model = load_model("tiny").model
+    store = FeatureStore(build(model, corpus, tmp_path / "f", FeatureConfig(aux_layers=(0, 1), top_k=4)))
+    index = torch.arange(model.config.vocab_size)
+    index[::3] = -1  # a reduced vocabulary: labels outside it are −1 on both roads
+    for side, mapped in zip((False, True), heads.store_positions(store, index, depth=3), strict=True):
+        copied = heads.positions([features.store_sequence(store, s) for s in store.indices(side)], index, 3)
+        assert len(mapped.record) == len(copied.record) > 0
+        torch.testing.assert_close(mapped.reach, copied.reach)
+        for j in range(1, 4):
+            ok = copied.reach >= j
+            for name in ("argmax", "topk_ids", "topk_p"):
+                got = getattr(mapped, name)[(mapped.record + j)[ok]]
+                torch.testing.assert_close(got, getattr(copied, name)[(copied.record + j)[ok]], msg=name)
+            torch.testing.assert_close(mapped.tokens[(mapped.token + j)[ok]], copied.tokens[(copied.token + j)[ok]])
+        torch.testing.assert_close(mapped.hidden[mapped.record], copied.hidden[copied.record])
+    out = tmp_path / "h"
+    assert main(["train", "heads", "--model", "tiny", "--data", str(tmp_path / "f"), "--out", str(out)]) == 0
+    assert json.loads((out / "training.json").read_text())["train_positions"] == len(
+        heads.store_positions(store, index, 3)[0].record
+    )

@@ -32,7 +32,7 @@ from mtp_viz.drafters.vocab import frequent_tokens
 from mtp_viz.errors import UserError
 from mtp_viz.training.data import Sequence, load_sequences, shards
 from mtp_viz.training.draft import batches_of
-from mtp_viz.training.features import FeatureStore, is_store
+from mtp_viz.training.features import FeatureStore, is_store, store_sequence
 from mtp_viz.training.heldout import PER_CATEGORY, spec_bench_heldout
 from mtp_viz.training.loop import LoopConfig, TrainJob, seed_everything
 
@@ -142,12 +142,7 @@ def examples(data: Path, folder: Path, index: torch.Tensor, cfg: EagleTrainConfi
 def store_examples(store: FeatureStore, index: torch.Tensor, cfg: EagleTrainConfig, validation: bool) -> list[Example]:
     """The store's training (or validation: the corpus's split, by source) sequences as examples;
     their arrays stay memory-mapped until a batch reads them."""
-    out = []
-    for s in store.indices(validation):
-        seq = store.sequence(s)
-        labels = (seq["argmax"][:-1], seq["topk_ids"][:-1], seq["topk_logp"][:-1])  # the last has no next token
-        out.append(example(Sequence(seq["tokens"], int(store.prompt_len[s]), None, *labels), seq["aux"], index, cfg))
-    return out
+    return [example(store_sequence(store, s), store.sequence(s)["aux"], index, cfg) for s in store.indices(validation)]
 
 
 def example(s: Sequence, features: torch.Tensor, index: torch.Tensor, cfg: EagleTrainConfig) -> Example:
@@ -301,11 +296,10 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
     else:
         eos = sorted(job.target.eos_token_ids)
         if store is not None:
-            seqs = (store.sequence(i) for i in store.indices(validation=False))
-            ids = (torch.cat([s["tokens"], s["argmax"][:-1]]) for s in seqs)
+            seqs = (store_sequence(store, i) for i in store.indices(validation=False))
         else:
             seqs = load_sequences(job.data, cfg.holdout_every, holdout=False, hidden=False)
-            ids = (torch.cat([s.tokens, s.argmax]) for s in seqs)
+        ids = (torch.cat([s.tokens, s.argmax]) for s in seqs)
         vocab = frequent_tokens(ids, cfg.reduced_vocab, always=eos)
         drafter = build_drafter(model, layers, vocab)
     drafter.train()

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from mtp_viz.errors import UserError
 from mtp_viz.measured import stamp, write_atomically
 from mtp_viz.training.corpus import VALIDATION, read_records
+from mtp_viz.training.data import Sequence
 
 META, VERSION = "meta.json", 1
 BATCH_TOKENS = 4096  # tokens (padding included) a teacher-forced forward takes at once
@@ -69,6 +70,14 @@ class FeatureStore:
 
     def indices(self, validation: bool) -> list[int]:
         return [s for s in range(len(self)) if bool(self.validation[s]) == validation]
+
+
+def store_sequence(store: FeatureStore, s: int) -> Sequence:
+    """Sequence s as the trainers of cached data read one (views of the store's arrays: the records
+    of the positions that have a next token), its EAGLE-3 features left in the store."""
+    seq = store.sequence(s)
+    labels = (seq["hidden"][:-1], seq["argmax"][:-1], seq["topk_ids"][:-1], seq["topk_logp"][:-1])
+    return Sequence(seq["tokens"], int(store.prompt_len[s]), *labels)
 
 
 def _open(folder: Path, name: str, mode: str, shape: tuple | None = None, dtype=None) -> np.memmap:

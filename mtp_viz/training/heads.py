@@ -12,12 +12,14 @@ depths weighted less.
 import time
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from mtp_viz.drafters.heads import HeadsSpec, MTPHeads, build_heads, load_heads, save_heads, trained_parameters
 from mtp_viz.drafters.vocab import frequent_tokens
 from mtp_viz.kernels import plan_of, use_fast_linears
 from mtp_viz.training.data import Sequence, load_sequences
+from mtp_viz.training.features import FeatureStore, is_store, store_sequence
 from mtp_viz.training.loop import LoopConfig, TrainJob, seed_everything
 
 
@@ -74,6 +76,41 @@ def positions(seqs: list[Sequence], index: torch.Tensor, depth: int) -> Position
     )
 
 
+def store_positions(store: FeatureStore, index: torch.Tensor, depth: int) -> tuple[Positions, Positions]:
+    """A feature store's training and validation positions (the corpus's split), sharing its arrays
+    without copying the hidden states: the store keeps one record per token (the last of each
+    sequence without a label), so records and tokens share one index and the memory-mapped hidden
+    states are read row by row as batches ask."""
+    a = {name: torch.from_numpy(store.arrays[name]) for name in ("hidden", "argmax", "topk_ids", "topk_logp")}
+    labelled = a["argmax"] >= 0
+    ids = torch.where(labelled[:, None], index[a["topk_ids"].long().clamp(min=0)], -1)
+    p = a["topk_logp"].float().exp() * (ids >= 0)
+    shared = {
+        "hidden": a["hidden"],
+        "argmax": torch.where(labelled, index[a["argmax"].long().clamp(min=0)], -1),
+        "topk_ids": ids,
+        "topk_p": p / p.sum(-1, keepdim=True).clamp(min=1e-9),
+        "tokens": torch.from_numpy(store.arrays["tokens"]).long(),
+    }
+    starts, prompt_len = torch.from_numpy(store.starts.astype(np.int64)), store.prompt_len.astype(np.int64)
+
+    def split(validation: bool) -> Positions:
+        chosen = torch.tensor(store.indices(validation), dtype=torch.long)
+        first, end = starts[chosen] + torch.from_numpy(prompt_len)[chosen] - 1, starts[chosen + 1]
+        count = (end - 2 - first).clamp(min=0)  # answer positions with at least one label
+        t = torch.repeat_interleave(first, count) + _ranks(count)
+        reach = (torch.repeat_interleave(end, count) - 2 - t).clamp(max=depth)
+        return Positions(**shared, record=t, token=t, reach=reach)
+
+    return split(False), split(True)
+
+
+def _ranks(count: torch.Tensor) -> torch.Tensor:
+    """0..c−1 for each c in `count`, concatenated."""
+    offsets = torch.repeat_interleave(torch.cumsum(count, 0) - count, count)
+    return torch.arange(int(count.sum())) - offsets
+
+
 def unroll(heads: MTPHeads, data: Positions, rows: torch.Tensor, depth: int):
     """Yield, for j = 1..depth: (reduced log-probs (B, V'), predicted hidden (B, H), record index, mask)."""
     dtype = heads.fuse.weight.dtype
@@ -128,8 +165,12 @@ def train_heads(job: TrainJob, cfg: HeadsTrainConfig) -> dict:
     """Train and save heads in `job.out`; returns the report (also out/training.json)."""
     seed_everything(cfg.loop.seed)
     started = time.perf_counter()
-    train_seqs = list(load_sequences(job.data, cfg.holdout_every, holdout=False))
-    val_seqs = list(load_sequences(job.data, cfg.holdout_every, holdout=True))
+    store = FeatureStore(job.data) if is_store(job.data) else None
+    if store is not None:  # a corpus's feature store: its split, its arrays memory-mapped
+        train_seqs = [store_sequence(store, i) for i in store.indices(validation=False)]
+    else:
+        train_seqs = list(load_sequences(job.data, cfg.holdout_every, holdout=False))
+        val_seqs = list(load_sequences(job.data, cfg.holdout_every, holdout=True))
     model = job.target.model
     if job.start_from is not None:  # continue training saved heads (their vocabulary and spec)
         heads = use_fast_linears(load_heads(model, job.start_from), plan_of(model)).train()  # as build_heads does
@@ -148,9 +189,13 @@ def train_heads(job: TrainJob, cfg: HeadsTrainConfig) -> dict:
         )
         heads = build_heads(model, spec, vocab).train()
     index = heads.head.index.cpu()
-    train_data = positions(train_seqs, index, cfg.depth)
-    val_data = positions(val_seqs, index, cfg.depth)
-    del train_seqs, val_seqs
+    if store is not None:
+        train_data, val_data = store_positions(store, index, cfg.depth)
+    else:
+        train_data = positions(train_seqs, index, cfg.depth)
+        val_data = positions(val_seqs, index, cfg.depth)
+        del val_seqs
+    del train_seqs
     params = trained_parameters(heads)
     n = len(train_data.record)
     per_epoch = max(1, n // cfg.positions_per_batch)
