@@ -13,7 +13,8 @@ from mtp_viz.drafters.eagle3 import load_eagle3
 from mtp_viz.loading import load_model
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
-from mtp_viz.training.eagle import EagleTrainConfig, Example, build_drafter, collate, losses, unroll
+from mtp_viz.training.data import Sequence
+from mtp_viz.training.eagle import EagleTrainConfig, Example, build_drafter, collate, losses, unroll, vocab_tokens
 
 
 def _drafter(seed: int = 0):
@@ -133,6 +134,23 @@ def test_train_eagle_end_to_end_and_resume(tiny_dir, tmp_path, capsys):
     weights = (out / "model.safetensors").read_bytes()
     assert main([*args, "--aux-layers", "0,1,2", "--resume"]) == 0
     assert (out / "model.safetensors").read_bytes() == weights
+
+
+def test_ablation_settings_reach_the_drafter(tiny_dir, tmp_path):
+    """--norm-before-fc builds the drafter with the feature norm (saved in its config); --vocab-from
+    answers counts the vocabulary over answer tokens and the target's answer-position argmaxes only;
+    the report says how much of the held-out answers' target tokens the vocabulary holds."""
+    data, out = tmp_path / "data", tmp_path / "eagle"
+    common = ["--model", str(tiny_dir), "--data", str(data)]
+    assert main(["train", "data", *common, "--instructions", "8", "--self-instruct", "0", "--contexts", "0"]) == 0
+    args = ["train", "eagle", *common, "--out", str(out), "--ttt-steps", "2", "--epochs", "1", "--heldout", "1"]
+    assert main([*args, "--norm-before-fc", "--vocab-from", "answers", "--aux-layers", "0,1,2"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["eagle_config"]["norm_before_fc"] is True
+    report = json.loads((out / "training.json").read_text())
+    assert report["config"]["vocab_from"] == "answers" and 0.0 <= report["heldout_vocab_coverage"] <= 1.0
+    s = Sequence(torch.tensor([5, 6, 7, 8], dtype=torch.int32), 2, None, torch.tensor([9, 10, 11]), None, None)
+    assert vocab_tokens(s, "answers").tolist() == [7, 8, 10, 11] and len(vocab_tokens(s, "all")) == 7
 
 
 def test_train_eagle_rejects_bad_layer_ids(tiny_dir, tmp_path, capsys):

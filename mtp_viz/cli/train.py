@@ -68,6 +68,8 @@ def add(sub) -> None:
     t.add_argument("--start-from", type=Path, help="draft/heads/mtp: continue training these saved weights")
     for option, text in TUNING.items():
         t.add_argument(option, type=TYPES.get(option, int), help=text)
+    t.add_argument("--norm-before-fc", action="store_true", help="eagle: an RMSNorm over the fused features")
+    t.add_argument("--vocab-from", choices=("all", "answers"), help="eagle: count the draft vocabulary over")
     t.add_argument("--device", default="cpu")
     t.add_argument("--engine", choices=ENGINES, default=AUTO, help="corpus: who answers (auto: vLLM where installed)")
     t.add_argument("--vllm-url", help="corpus: the vLLM server already running there answers")
@@ -89,7 +91,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         mask_loop = replace(MaskTrainConfig().loop, seed=args.seed, **loop, **given(args, max_steps="steps"))
         mask_cfg = MaskTrainConfig(**given(args, "k_max", "rank", "gating"), loop=mask_loop)
     if args.what == "eagle":
-        named = given(args, "ttt_steps", reduced_vocab="vocab", heldout_per_category="heldout")
+        named = given(args, "ttt_steps", "vocab_from", reduced_vocab="vocab", heldout_per_category="heldout")
+        named |= {"norm_before_fc": True} if args.norm_before_fc else {}
         eagle_cfg = EagleTrainConfig(**named, aux_layers=aux_layers(args))
         eagle_loop = replace(eagle_cfg.loop, seed=args.seed, **loop, **given(args, max_steps="steps"))
         eagle_cfg = replace(eagle_cfg, loop=eagle_loop)

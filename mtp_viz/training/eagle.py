@@ -51,6 +51,8 @@ class EagleTrainConfig:
     prompt_weight: float = 0.2
     holdout_every: int = 20
     heldout_per_category: int = PER_CATEGORY  # Spec-Bench answers scored at every validation (0: none)
+    norm_before_fc: bool = False  # an RMSNorm over the concatenated features before `fc` (an ablation)
+    vocab_from: str = "all"  # the draft vocabulary from every token (all) or the answers' only (answers)
     loop: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=4, lr=5e-4, eval_every=100))
 
 
@@ -66,7 +68,9 @@ class Example:
     weight: torch.Tensor  # (n,) loss weight of a label at position p (0: none)
 
 
-def build_drafter(target, aux_layers: tuple[int, ...], vocab: torch.Tensor) -> Eagle3Drafter:
+def build_drafter(
+    target, aux_layers: tuple[int, ...], vocab: torch.Tensor, norm_before_fc: bool = False
+) -> Eagle3Drafter:
     """A fresh drafter for `target` (a transformers Llama-family model): its shapes, its rotary
     settings, its embedding (shared), its final norm and its head rows for `vocab` (sorted target ids)."""
     c = target.config
@@ -82,6 +86,7 @@ def build_drafter(target, aux_layers: tuple[int, ...], vocab: torch.Tensor) -> E
         vocab_size=c.vocab_size,
         draft_vocab_size=len(vocab),
         aux_layer_ids=tuple(aux_layers),
+        norm_before_fc=norm_before_fc,
     )
     drafter = Eagle3Drafter(config, target.get_input_embeddings())
     with torch.no_grad():
@@ -90,6 +95,22 @@ def build_drafter(target, aux_layers: tuple[int, ...], vocab: torch.Tensor) -> E
         drafter.d2t.copy_(vocab - torch.arange(len(vocab)))
         drafter.t2d.zero_()[vocab] = True
     return drafter
+
+
+def vocab_tokens(s: Sequence, source: str) -> torch.Tensor:
+    """The ids a sequence lends the vocabulary count: its tokens and the target's argmaxes, all of
+    them or the answer's only."""
+    if source == "answers":
+        return torch.cat([s.tokens[s.prompt_len :], s.argmax[max(0, s.prompt_len - 1) :]])
+    if source != "all":
+        raise UserError(f"vocab_from {source!r}: all or answers")
+    return torch.cat([s.tokens, s.argmax])
+
+
+def vocab_coverage(seqs: list[Sequence], index: torch.Tensor) -> float:
+    """The share of the target's next tokens at answer positions that the draft vocabulary holds."""
+    labels = torch.cat([s.argmax[max(0, s.prompt_len - 1) :].long() for s in seqs])
+    return float((index[labels] >= 0).float().mean()) if len(labels) else 1.0
 
 
 def trained_parameters(drafter: Eagle3Drafter) -> dict[str, torch.nn.Parameter]:
@@ -299,9 +320,9 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
             seqs = (store_sequence(store, i) for i in store.indices(validation=False))
         else:
             seqs = load_sequences(job.data, cfg.holdout_every, holdout=False, hidden=False)
-        ids = (torch.cat([s.tokens, s.argmax]) for s in seqs)
+        ids = (vocab_tokens(s, cfg.vocab_from) for s in seqs)
         vocab = frequent_tokens(ids, cfg.reduced_vocab, always=eos)
-        drafter = build_drafter(model, layers, vocab)
+        drafter = build_drafter(model, layers, vocab, cfg.norm_before_fc)
     drafter.train()
     index = drafter.to_draft_index()
     if store is not None:  # a corpus's feature store: its layers, its split
@@ -314,10 +335,12 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
         train_exs = examples(job.data, folder, index, cfg, holdout=False)
         val_exs = examples(job.data, folder, index, cfg, holdout=True)
     params = trained_parameters(drafter)
-    heldout = []
+    heldout, coverage = [], None
     if cfg.heldout_per_category:
         seqs = spec_bench_heldout(job.target, cfg.heldout_per_category, log=job.log)
         heldout = sequence_examples(model, seqs, layers, index, cfg)
+        coverage = vocab_coverage(seqs, index)
+        job.log(f"eagle: the draft vocabulary holds {coverage:.1%} of the held-out answers' target tokens")
 
     def epoch_batches(epoch: int) -> list[dict[str, torch.Tensor]]:
         rng = random.Random(cfg.loop.seed * 1000 + epoch)
@@ -340,5 +363,12 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
     drafter.config = replace(drafter.config, trained_steps=max(cfg.ttt_steps, drafter.config.trained_steps or 0))
     save_eagle3(drafter.half(), job.out)
     return job.report(
-        cfg, started, initial, history, aux_layers=list(layers), train_sequences=len(train_exs), train_tokens=tokens
+        cfg,
+        started,
+        initial,
+        history,
+        aux_layers=list(layers),
+        train_sequences=len(train_exs),
+        train_tokens=tokens,
+        heldout_vocab_coverage=coverage,
     )
