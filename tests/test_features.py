@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mtp_viz.cli import main
+from mtp_viz.drafters.eagle3 import load_eagle3
 from mtp_viz.errors import UserError
 from mtp_viz.loading import load_model
 from mtp_viz.training import features, heads
@@ -85,6 +86,29 @@ def test_eagle_trains_from_the_store_on_its_split(corpus, tmp_path, capsys):
     assert report["train_sequences"] == len(FeatureStore(store).indices(validation=False))
     assert main(["train", "draft", "--model", "tiny", "--data", str(store), "--out", str(tmp_path / "d")]) == 2
     assert "`train eagle` and `train heads` read one" in capsys.readouterr().err
+
+
+def test_eagle_ablations_from_the_store(corpus, tmp_path, capsys):
+    """--regression adds the hidden-state term (it needs a store's hidden states: refused on the old
+    data set); --frozen-head-steps keeps the head at the target's rows while it lasts."""
+    store = tmp_path / "f"
+    assert main(["train", "features", "--model", "tiny", "--data", str(corpus), "--out", str(store)]) == 0
+    out = tmp_path / "e"
+    args = ["train", "eagle", "--model", "tiny", "--data", str(store), "--out", str(out), "--vocab", "20"]
+    assert main([*args, "--ttt-steps", "2", "--epochs", "2", "--regression", "0.5", "--frozen-head-steps", "99"]) == 0
+    report = json.loads((out / "training.json").read_text())
+    assert report["config"]["regression_weight"] == 0.5 and report["history"][-1]["train_loss"] > 0
+    target = load_model("tiny").model
+    drafter = load_eagle3(out, embed=target.get_input_embeddings())
+    rows = target.get_output_embeddings().weight[drafter.to_target_ids(torch.arange(drafter.config.draft_vocab_size))]
+    torch.testing.assert_close(drafter.lm_head.weight.float(), rows.half().float())  # frozen all along
+    data = tmp_path / "data"  # the older self-distillation set keeps no final hidden states for EAGLE-3
+    flags = ["--instructions", "4", "--self-instruct", "0", "--contexts", "0", "--max-new-tokens", "4"]
+    assert main(["train", "data", "--model", "tiny", "--data", str(data), *flags]) == 0
+    capsys.readouterr()
+    old = ["train", "eagle", "--model", "tiny", "--data", str(data), "--out", str(tmp_path / "o"), "--regression", "1"]
+    assert main(old) == 2
+    assert "the regression needs the target's final hidden states" in capsys.readouterr().err
 
 
 def test_heads_read_the_store_in_place_as_they_read_copied_sequences(corpus, tmp_path, capsys):

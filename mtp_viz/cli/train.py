@@ -34,6 +34,8 @@ TUNING = {
     "--layers": "draft: decoder layers",
     "--depth": "heads: depths unrolled in training",
     "--ttt-steps": "eagle: draft steps unrolled in training (training-time test)",
+    "--regression": "eagle: weight of a hidden-state regression term beside the cross entropy (needs a feature store)",
+    "--frozen-head-steps": "eagle: optimizer steps the head (the target's rows at first) stays frozen",
     "--heldout": "eagle: Spec-Bench prompts a category whose answers (the target's) are scored at every "
     "validation (0: none)",
     "--aux-layers": "eagle: the target layers whose residual streams the drafter reads, e.g. 2,15,27",
@@ -47,7 +49,7 @@ TUNING = {
     "--schedule": "learning rate after warm-up: cosine (to zero at the run's end), constant, or wsd "
     "(warmup-stable-decay); a constant or wsd run can be made longer with --resume and more --steps or --epochs",
 }
-TYPES = {"--gating": str, "--lr": float, "--aux-layers": str, "--schedule": str}
+TYPES = {"--gating": str, "--lr": float, "--aux-layers": str, "--schedule": str, "--regression": float}
 
 
 def add(sub) -> None:
@@ -91,7 +93,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         mask_loop = replace(MaskTrainConfig().loop, seed=args.seed, **loop, **given(args, max_steps="steps"))
         mask_cfg = MaskTrainConfig(**given(args, "k_max", "rank", "gating"), loop=mask_loop)
     if args.what == "eagle":
-        named = given(args, "ttt_steps", "vocab_from", reduced_vocab="vocab", heldout_per_category="heldout")
+        named = given(args, "ttt_steps", "vocab_from", "frozen_head_steps", reduced_vocab="vocab")
+        named |= given(args, heldout_per_category="heldout", regression_weight="regression")
         named |= {"norm_before_fc": True} if args.norm_before_fc else {}
         eagle_cfg = EagleTrainConfig(**named, aux_layers=aux_layers(args))
         eagle_loop = replace(eagle_cfg.loop, seed=args.seed, **loop, **given(args, max_steps="steps"))

@@ -52,6 +52,8 @@ class EagleTrainConfig:
     holdout_every: int = 20
     heldout_per_category: int = PER_CATEGORY  # Spec-Bench answers scored at every validation (0: none)
     norm_before_fc: bool = False  # an RMSNorm over the concatenated features before `fc` (an ablation)
+    regression_weight: float = 0.0  # smooth-L1 of each step's normed state to the target's (EAGLE-1's term)
+    frozen_head_steps: int = 0  # the head (initialised from the target's rows) frozen for this many steps
     vocab_from: str = "all"  # the draft vocabulary from every token (all) or the answers' only (answers)
     loop: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=4, lr=5e-4, eval_every=100))
 
@@ -66,6 +68,7 @@ class Example:
     topk_ids: torch.Tensor  # (n, K) draft ids, −1 outside the draft vocabulary
     topk_p: torch.Tensor  # (n, K) renormalised over the draft vocabulary
     weight: torch.Tensor  # (n,) loss weight of a label at position p (0: none)
+    hidden: torch.Tensor | None = None  # (n, H) float16: the target's final hidden state (regression; else None)
 
 
 def build_drafter(
@@ -179,7 +182,11 @@ def example(s: Sequence, features: torch.Tensor, index: torch.Tensor, cfg: Eagle
     weight[: max(0, s.prompt_len - 1)] = cfg.prompt_weight
     cut = max(0, n - cfg.max_tokens)
     pad = torch.full((1, ids.shape[1]), -1, dtype=torch.long)
+    hidden = None
+    if cfg.regression_weight and s.hidden is not None:  # the last position has no record: zeros, weight 0
+        hidden = torch.cat([s.hidden, torch.zeros(1, s.hidden.shape[1], dtype=s.hidden.dtype)])[cut:]
     return Example(
+        hidden=hidden,
         tokens=s.tokens.long()[cut:],
         features=features[cut:],
         argmax=argmax[cut:],
@@ -201,6 +208,8 @@ def collate(exs: list[Example]) -> dict[str, torch.Tensor]:
         "topk_p": torch.zeros(b, length, k),
         "weight": torch.zeros(b, length),
     }
+    if exs[0].hidden is not None:
+        batch["hidden"] = torch.zeros(b, length, exs[0].hidden.shape[1], dtype=torch.float16)
     for r, e in enumerate(exs):
         n = len(e.tokens)
         for name in batch:
@@ -208,9 +217,10 @@ def collate(exs: list[Example]) -> dict[str, torch.Tensor]:
     return batch
 
 
-def unroll(drafter: Eagle3Drafter, batch: dict[str, torch.Tensor], steps: int):
-    """Training-time test: yields (step j, draft logits (B, T, V_d), label position offset j) for
-    j = 1..steps over every chain base i < T = L − 1 (see the module docstring)."""
+def unroll(drafter: Eagle3Drafter, batch: dict[str, torch.Tensor], steps: int, states: list | None = None):
+    """Training-time test: yields (step j, draft logits (B, T, V_d)) for j = 1..steps over every
+    chain base i < T = L − 1 (see the module docstring); `states`, if given, gets each step's
+    normed state (B, T, H), the one its head reads."""
     layer, c = drafter.midlayer, drafter.config
     tokens = batch["tokens"]
     b, length = tokens.shape
@@ -233,7 +243,10 @@ def unroll(drafter: Eagle3Drafter, batch: dict[str, torch.Tensor], steps: int):
         y = F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2), attn_mask=mask, enable_gqa=True)
         h = hidden + attn.o_proj(y.transpose(1, 2).reshape(b, t, -1))
         hidden = h + layer.mlp(layer.post_attention_layernorm(h))
-        yield j, drafter.lm_head(drafter.norm(hidden))
+        normed = drafter.norm(hidden)
+        if states is not None:
+            states.append(normed)
+        yield j, drafter.lm_head(normed)
 
 
 def _ttt_mask(t: int, steps: int) -> torch.Tensor:
@@ -259,12 +272,16 @@ def _labels(batch: dict[str, torch.Tensor], j: int, t: int) -> tuple[torch.Tenso
 def losses(drafter: Eagle3Drafter, batch: dict[str, torch.Tensor], cfg: EagleTrainConfig):
     total, stats = 0.0, {}
     t = batch["tokens"].shape[1] - 1
-    for j, logits in unroll(drafter, batch, cfg.ttt_steps):
+    states = [] if cfg.regression_weight else None
+    for j, logits in unroll(drafter, batch, cfg.ttt_steps, states):
         argmax, ids, p, weight = _labels(batch, j, t)
         logp = torch.log_softmax(logits.float(), -1)  # (B, T, V_d)
         hard = -logp.gather(-1, argmax.clamp(min=0)[..., None])[..., 0] * (argmax >= 0)
         soft = -(p * logp.gather(-1, ids.clamp(min=0))).sum(-1)
         per = (hard + cfg.soft_weight * soft) * weight
+        if states is not None:  # toward the state the target's head read at the labelled position
+            goal = F.pad(batch["hidden"], (0, 0, 0, j))[:, j : j + t].float()
+            per = per + cfg.regression_weight * F.smooth_l1_loss(states[-1], goal, reduction="none").mean(-1) * weight
         loss = per.sum() / weight.sum().clamp(min=1)
         total = total + cfg.step_decay ** (j - 1) * loss
         stats[f"loss{j}"] = float(loss.detach())
@@ -306,6 +323,8 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
     started = time.perf_counter()
     model = job.target.model.requires_grad_(False)
     store = FeatureStore(job.data) if is_store(job.data) else None
+    if cfg.regression_weight and store is None:
+        raise UserError("the regression needs the target's final hidden states: train from a feature store")
     layers = tuple(cfg.aux_layers or default_aux_layer_ids(model.config.num_hidden_layers))
     if store is not None:
         layers = tuple(store.meta["made_from"]["config"]["aux_layers"])
@@ -357,7 +376,12 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
     initial = validate()
     tokens = sum(len(e.tokens) for e in train_exs)
     job.log(f"eagle: aux layers {layers}, {len(train_exs)} sequences ({tokens} tokens); before training: {initial}")
-    history = job.train(params, epoch_batches, lambda batch: losses(drafter, batch, cfg), validate, cfg.loop)
+
+    def on_step(step: int) -> None:  # the head learns only once the body has had frozen_head_steps
+        drafter.lm_head.weight.requires_grad_(step >= cfg.frozen_head_steps)
+
+    loss_fn = lambda batch: losses(drafter, batch, cfg)  # noqa: E731
+    history = job.train(params, epoch_batches, loss_fn, validate, cfg.loop, on_step)
     drafter.eval()
     drafter.embed_tokens = None  # the target's, shared: not saved, and not to be cast
     drafter.config = replace(drafter.config, trained_steps=max(cfg.ttt_steps, drafter.config.trained_steps or 0))

@@ -76,9 +76,9 @@ class TrainJob:
     start_from: Path | None = None
     log: Callable[[str], None] = print
 
-    def train(self, params, epoch_batches, loss_fn, validate, cfg: LoopConfig) -> list[dict]:
+    def train(self, params, epoch_batches, loss_fn, validate, cfg: LoopConfig, on_step=None) -> list[dict]:
         """`train` with this job's checkpoints, resumption and log."""
-        return train(params, epoch_batches, loss_fn, validate, self.runs, cfg, self.resume, self.log)
+        return train(params, epoch_batches, loss_fn, validate, self.runs, cfg, self.resume, self.log, on_step)
 
     def report(self, cfg, started: float, before: dict, history: list[dict], **sizes) -> dict:
         """The run's report (settings, data sizes, validation before and during training, seconds
@@ -128,6 +128,7 @@ def train(
     cfg: LoopConfig,
     resume: bool = False,
     log: Callable[[str], None] = print,
+    on_step: Callable[[int], None] | None = None,  # told each step's index before its loss (e.g. to freeze)
 ) -> list[dict]:
     """Train `params` in place; returns the validation history (also kept in the checkpoint)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -154,6 +155,8 @@ def train(
             _save(out / STABLE, params, optimizer, step, history, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, total, cfg)
+        if on_step is not None:
+            on_step(step)
         loss, stats = loss_fn(batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
