@@ -1,9 +1,10 @@
 """Train an EAGLE-3 drafter (mtp_viz.drafters.eagle3) for a frozen target, by self-distillation.
 
-Data: the cached self-distillation set (mtp_viz.training.data): the target's own answers, with
-its argmax and top-k view of every position. Features: the target's residual stream after the
-drafter's `aux_layer_ids` layers (low, middle, high), computed once per data folder by a
-teacher-forced target forward and cached beside the data (fp16).
+Data (mtp_viz.training.eagle_examples): a corpus's feature store (mtp_viz.training.features), or
+the older self-distillation set (mtp_viz.training.data): the target's own answers, with its argmax
+and top-k view of every position, and its residual streams after the drafter's `aux_layer_ids`
+layers (low, middle, high; fp16). Every validation also scores the fixed held-out set
+(mtp_viz.training.heldout).
 
 Training-time test (EAGLE-3, Li et al. 2025): the drafter is unrolled `ttt_steps` times, every
 position at once. Step 1 reads (token i+1, fuse(features at i)) at position i, as drafting starts
@@ -19,8 +20,7 @@ vocabulary, answer positions weighted 1 and prompt positions `prompt_weight`, st
 
 import random
 import time
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 
 import torch
 from torch.nn import functional as F
@@ -30,45 +30,22 @@ from mtp_viz.drafters.eagle3 import Eagle3Config, Eagle3Drafter, load_eagle3, sa
 from mtp_viz.drafters.eagle3_config import default_aux_layer_ids
 from mtp_viz.drafters.vocab import frequent_tokens
 from mtp_viz.errors import UserError
-from mtp_viz.training.data import Sequence, load_sequences, shards
+from mtp_viz.training.data import load_sequences
 from mtp_viz.training.draft import batches_of
+from mtp_viz.training.eagle_examples import (
+    EagleTrainConfig,
+    Example,
+    cache_features,
+    collate,
+    examples,
+    sequence_examples,
+    store_examples,
+    vocab_coverage,
+    vocab_tokens,
+)
 from mtp_viz.training.features import FeatureStore, is_store, store_sequence
-from mtp_viz.training.heldout import PER_CATEGORY, spec_bench_heldout
-from mtp_viz.training.loop import LoopConfig, TrainJob, seed_everything
-
-FEATURES = "features"  # the cached target features, per aux-layer choice: data/features/<ids>/<shard>.pt
-
-
-@dataclass(frozen=True)
-class EagleTrainConfig:
-    ttt_steps: int = 5  # also the deepest chain the strategy drafts with it (config.json's trained_draft_steps)
-    reduced_vocab: int = 8192
-    aux_layers: tuple[int, ...] | None = None  # None: vLLM's default (2, L/2, L−3)
-    max_tokens: int = 640  # a longer sequence keeps its last max_tokens
-    tokens_per_batch: int = 4096  # padded tokens per optimizer step
-    step_decay: float = 0.8
-    soft_weight: float = 0.5
-    prompt_weight: float = 0.2
-    holdout_every: int = 20
-    heldout_per_category: int = PER_CATEGORY  # Spec-Bench answers scored at every validation (0: none)
-    norm_before_fc: bool = False  # an RMSNorm over the concatenated features before `fc` (an ablation)
-    regression_weight: float = 0.0  # smooth-L1 of each step's normed state to the target's (EAGLE-1's term)
-    frozen_head_steps: int = 0  # the head (initialised from the target's rows) frozen for this many steps
-    vocab_from: str = "all"  # the draft vocabulary from every token (all) or the answers' only (answers)
-    loop: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=4, lr=5e-4, eval_every=100))
-
-
-@dataclass
-class Example:
-    """One sequence, ready for training: what it reads and what it is scored against."""
-
-    tokens: torch.Tensor  # (n,) long
-    features: torch.Tensor  # (n, A·H) float16: the residual streams at the aux layers, position by position
-    argmax: torch.Tensor  # (n,) draft id of the target's argmax for the token after position p; −1 none
-    topk_ids: torch.Tensor  # (n, K) draft ids, −1 outside the draft vocabulary
-    topk_p: torch.Tensor  # (n, K) renormalised over the draft vocabulary
-    weight: torch.Tensor  # (n,) loss weight of a label at position p (0: none)
-    hidden: torch.Tensor | None = None  # (n, H) float16: the target's final hidden state (regression; else None)
+from mtp_viz.training.heldout import spec_bench_heldout
+from mtp_viz.training.loop import TrainJob, seed_everything
 
 
 def build_drafter(
@@ -100,121 +77,14 @@ def build_drafter(
     return drafter
 
 
-def vocab_tokens(s: Sequence, source: str) -> torch.Tensor:
-    """The ids a sequence lends the vocabulary count: its tokens and the target's argmaxes, all of
-    them or the answer's only."""
-    if source == "answers":
-        return torch.cat([s.tokens[s.prompt_len :], s.argmax[max(0, s.prompt_len - 1) :]])
-    if source != "all":
-        raise UserError(f"vocab_from {source!r}: all or answers")
-    return torch.cat([s.tokens, s.argmax])
-
-
-def vocab_coverage(seqs: list[Sequence], index: torch.Tensor) -> float:
-    """The share of the target's next tokens at answer positions that the draft vocabulary holds."""
-    labels = torch.cat([s.argmax[max(0, s.prompt_len - 1) :].long() for s in seqs])
-    return float((index[labels] >= 0).float().mean()) if len(labels) else 1.0
-
-
 def trained_parameters(drafter: Eagle3Drafter) -> dict[str, torch.nn.Parameter]:
     """Everything but the shared embedding."""
     return {n: p for n, p in drafter.named_parameters() if not n.startswith("embed_tokens.")}
 
 
-@torch.inference_mode()
-def cache_features(model, data: Path, aux_layers: tuple[int, ...], log=print) -> Path:
-    """The target's residual streams at `aux_layers` for every cached sequence, one file per data
-    shard (made once; a stopped run resumes at the next missing shard)."""
-    folder = data / FEATURES / "-".join(map(str, aux_layers))
-    folder.mkdir(parents=True, exist_ok=True)
-    todo = [s for s in shards(data) if not (folder / s.name).exists()]
-    started = time.perf_counter()
-    for i, shard in enumerate(todo):
-        seqs = torch.load(shard)["sequences"]
-        out = [aux_features(model, s["tokens"], aux_layers) for s in seqs]
-        tmp = (folder / shard.name).with_suffix(".tmp")
-        torch.save(out, tmp)
-        tmp.rename(folder / shard.name)
-        log(f"features: {shard.name} ({i + 1}/{len(todo)}, {time.perf_counter() - started:.0f} s)")
-    return folder
-
-
-@torch.inference_mode()
-def aux_features(model, tokens: torch.Tensor, aux_layers: tuple[int, ...]) -> torch.Tensor:
-    """The target's residual streams after `aux_layers` at every position of `tokens`, (n, A·H) fp16."""
-    states = model.model(input_ids=tokens[None].long(), output_hidden_states=True).hidden_states  # no head
-    return torch.cat([states[k][0] for k in aux_layers], -1).half()
-
-
-def sequence_examples(model, seqs: list[Sequence], layers, index: torch.Tensor, cfg: EagleTrainConfig) -> list[Example]:
-    """Sequences with the teacher's view (the held-out set) as examples, their features computed here."""
-    return [example(s, aux_features(model, s.tokens, layers), index, cfg) for s in seqs]
-
-
 def heldout_agreement(drafter: Eagle3Drafter, exs: list[Example], steps: int) -> dict[str, float]:
     """agreement() on the held-out Spec-Bench answers, its keys prefixed `heldout_`."""
     return {"heldout_" + k.removeprefix("val_"): v for k, v in agreement(drafter, exs, steps).items()}
-
-
-def examples(data: Path, folder: Path, index: torch.Tensor, cfg: EagleTrainConfig, holdout: bool) -> list[Example]:
-    """The training (or held-out: every `holdout_every`-th) sequences with their features, labels in draft ids."""
-    features = [f for shard in shards(data) for f in torch.load(folder / shard.name)]
-    chosen = zip(load_sequences(data, hidden=False), features, strict=True)
-    return [example(s, f, index, cfg) for i, (s, f) in enumerate(chosen) if (i % cfg.holdout_every == 0) == holdout]
-
-
-def store_examples(store: FeatureStore, index: torch.Tensor, cfg: EagleTrainConfig, validation: bool) -> list[Example]:
-    """The store's training (or validation: the corpus's split, by source) sequences as examples;
-    their arrays stay memory-mapped until a batch reads them."""
-    return [example(store_sequence(store, s), store.sequence(s)["aux"], index, cfg) for s in store.indices(validation)]
-
-
-def example(s: Sequence, features: torch.Tensor, index: torch.Tensor, cfg: EagleTrainConfig) -> Example:
-    """`index`: target id → draft id (−1 outside). Labels at positions 0..n−2; the last has none."""
-    n = len(s.tokens)
-    argmax = torch.full((n,), -1, dtype=torch.long)
-    argmax[:-1] = index[s.argmax.long()]
-    ids = index[s.topk_ids.long()]  # (n−1, K)
-    p = s.topk_logp.float().exp() * (ids >= 0)
-    p = p / p.sum(-1, keepdim=True).clamp(min=1e-9)
-    weight = torch.zeros(n)
-    weight[:-1] = 1.0
-    weight[: max(0, s.prompt_len - 1)] = cfg.prompt_weight
-    cut = max(0, n - cfg.max_tokens)
-    pad = torch.full((1, ids.shape[1]), -1, dtype=torch.long)
-    hidden = None
-    if cfg.regression_weight and s.hidden is not None:  # the last position has no record: zeros, weight 0
-        hidden = torch.cat([s.hidden, torch.zeros(1, s.hidden.shape[1], dtype=s.hidden.dtype)])[cut:]
-    return Example(
-        hidden=hidden,
-        tokens=s.tokens.long()[cut:],
-        features=features[cut:],
-        argmax=argmax[cut:],
-        topk_ids=torch.cat([ids, pad])[cut:],
-        topk_p=torch.cat([p, torch.zeros(1, ids.shape[1])])[cut:],
-        weight=weight[cut:],
-    )
-
-
-def collate(exs: list[Example]) -> dict[str, torch.Tensor]:
-    """Right-padded batch tensors (padding has weight 0)."""
-    length = max(len(e.tokens) for e in exs)
-    b, k = len(exs), exs[0].topk_ids.shape[1]
-    batch = {
-        "tokens": torch.zeros(b, length, dtype=torch.long),
-        "features": torch.zeros(b, length, exs[0].features.shape[1], dtype=torch.float16),
-        "argmax": torch.full((b, length), -1, dtype=torch.long),
-        "topk_ids": torch.full((b, length, k), -1, dtype=torch.long),
-        "topk_p": torch.zeros(b, length, k),
-        "weight": torch.zeros(b, length),
-    }
-    if exs[0].hidden is not None:
-        batch["hidden"] = torch.zeros(b, length, exs[0].hidden.shape[1], dtype=torch.float16)
-    for r, e in enumerate(exs):
-        n = len(e.tokens)
-        for name in batch:
-            batch[name][r, :n] = getattr(e, name)
-    return batch
 
 
 def unroll(drafter: Eagle3Drafter, batch: dict[str, torch.Tensor], steps: int, states: list | None = None):
