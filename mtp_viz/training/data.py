@@ -82,7 +82,9 @@ def generate_batch(
         input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True
     ).last_hidden_state  # (B, W, H)
     # prompt positions but the last: the loop below records the last one with the answer's tokens
-    rows = [[_teacher(model, hidden[r, width - len(p) : -1], None, cfg.teacher_top_k)] for r, p in enumerate(prompts)]
+    rows = [
+        [teacher_record(model, hidden[r, width - len(p) : -1], None, cfg.teacher_top_k)] for r, p in enumerate(prompts)
+    ]
     answers: list[list[int]] = [[] for _ in prompts]
     live = torch.arange(b)  # batch rows still decoding; finished rows leave the batch and the cache
     last = hidden[:, -1]  # (B, H)
@@ -93,7 +95,7 @@ def generate_batch(
             token = logits.argmax(-1)
         else:
             token = torch.multinomial(probs_from_logits(logits, warp), 1, generator=generator)[:, 0]
-        view = _teacher(model, last, logits, cfg.teacher_top_k)
+        view = teacher_record(model, last, logits, cfg.teacher_top_k)
         for i, r in enumerate(live.tolist()):
             rows[r].append(tuple(x[i : i + 1] for x in view))
             answers[r].append(int(token[i]))
@@ -111,7 +113,7 @@ def generate_batch(
     return [_sequence(p, a, rows[r]) for r, (p, a) in enumerate(zip(prompts, answers, strict=True))]
 
 
-def _teacher(model, hidden: torch.Tensor, logits: torch.Tensor | None, k: int) -> tuple[torch.Tensor, ...]:
+def teacher_record(model, hidden: torch.Tensor, logits: torch.Tensor | None, k: int) -> tuple[torch.Tensor, ...]:
     """The teacher's record of positions with final hidden states (n, H) (logits computed if None)."""
     logp = torch.log_softmax(model.lm_head(hidden).float() if logits is None else logits, -1)  # (n, V)
     top = torch.topk(logp, k, dim=-1)

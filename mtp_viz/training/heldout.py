@@ -17,10 +17,11 @@ from pathlib import Path
 import torch
 
 from mtp_viz.loading import LoadedModel, encode_prompt
+from mtp_viz.measured import write_atomically
 from mtp_viz.paths import ASSETS, cache_root
 from mtp_viz.prompts import spec_bench
 from mtp_viz.sampling import Warp
-from mtp_viz.training.data import DataConfig, Sequence, generate_batch
+from mtp_viz.training.data import DataConfig, Sequence, generate_batch, teacher_record
 
 PER_CATEGORY = 3
 MAX_NEW_TOKENS = 96
@@ -65,18 +66,16 @@ def spec_bench_heldout(
             {"prompt_ids": s.tokens[: s.prompt_len].tolist(), "answer_ids": s.tokens[s.prompt_len :].tolist()}
             for s in seqs
         ]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"model": target.name, "weights": target.weights, "sequences": records}))
-        tmp.rename(path)
+        made = {"model": target.name, "weights": target.weights, "sequences": records}
+        write_atomically(path, lambda tmp: tmp.write_text(json.dumps(made)), "the held-out set")
     records = json.loads(path.read_text())["sequences"]
     return [teacher_view(target.model, r["prompt_ids"], r["answer_ids"]) for r in records]
 
 
 @torch.inference_mode()
-def teacher_view(model, prompt_ids: list[int], answer_ids: list[int], top_k: int = 16) -> Sequence:
-    """A prompt and answer with the target's view of every position that has a next token."""
+def teacher_view(model, prompt_ids: list[int], answer_ids: list[int]) -> Sequence:
+    """A prompt and answer with the target's view of every position that has a next token, recorded
+    as the self-distillation set records it (data.teacher_record)."""
     tokens = torch.tensor(prompt_ids + answer_ids, dtype=torch.int32)
     hidden = model.model(input_ids=tokens[None].long()).last_hidden_state[0, :-1]
-    top = torch.topk(torch.log_softmax(model.lm_head(hidden).float(), -1), top_k, dim=-1)
-    return Sequence(tokens, len(prompt_ids), None, top.indices[:, 0].int(), top.indices.int(), top.values.half())
+    return Sequence(tokens, len(prompt_ids), *teacher_record(model, hidden, None, DataConfig().teacher_top_k))
