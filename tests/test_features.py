@@ -84,8 +84,27 @@ def test_eagle_trains_from_the_store_on_its_split(corpus, tmp_path, capsys):
     report = json.loads((tmp_path / "e" / "training.json").read_text())
     assert report["aux_layers"] == FeatureStore(store).meta["made_from"]["config"]["aux_layers"]
     assert report["train_sequences"] == len(FeatureStore(store).indices(validation=False))
-    assert main(["train", "draft", "--model", "tiny", "--data", str(store), "--out", str(tmp_path / "d")]) == 2
-    assert "`train eagle` and `train heads` read one" in capsys.readouterr().err
+
+
+def test_the_draft_model_and_the_mask_adapter_train_from_the_store_on_its_split(corpus, tmp_path, capsys):
+    """Every trainer reads a store in place: the draft model and the mask-token adapter train on its
+    training side and validate on its validation side (the corpus's split by source)."""
+    store = tmp_path / "f"
+    assert main(["train", "features", "--model", "tiny", "--data", str(corpus), "--out", str(store)]) == 0
+    sides = {side: len(FeatureStore(store).indices(validation=side)) for side in (False, True)}
+    common = ["--model", "tiny", "--data", str(store)]
+    assert main(["train", "draft", *common, "--out", str(tmp_path / "d"), "--vocab", "20", "--epochs", "1"]) == 0
+    report = json.loads((tmp_path / "d" / "training.json").read_text())
+    assert (report["train_sequences"], report["val_sequences"]) == (sides[False], sides[True])
+    assert report["train_tokens"] == sum(
+        len(features.store_sequence(FeatureStore(store), s).tokens) for s in FeatureStore(store).indices(False)
+    )
+    mtp = ["train", "mtp", *common, "--out", str(tmp_path / "m"), "--steps", "2", "--k-max", "3", "--rank", "4"]
+    assert main(mtp) == 0
+    report = json.loads((tmp_path / "m" / "training.json").read_text())
+    assert report["train_sequences"] == sides[False] and 0 < report["val_sequences"] <= sides[True]
+    assert main(["train", "data", *common]) == 2
+    assert "is a feature store" in capsys.readouterr().err
 
 
 def test_eagle_ablations_from_the_store(corpus, tmp_path, capsys):

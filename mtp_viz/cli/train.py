@@ -105,9 +105,9 @@ def cmd_train(args: argparse.Namespace) -> None:
     data_flags = given(args, *DATA_OPTIONS)
     if args.what != "data" and not data_flags and not (data / MANIFEST).is_file() and not is_store(data):
         raise UserError(f"no training data in {data}; make it first: python -m mtp_viz train data --data {data}")
-    if is_store(data):  # a corpus's feature store (train features): EAGLE-3 reads it as it is
-        if args.what not in ("eagle", "heads"):
-            raise UserError(f"{data} is a feature store; `train eagle` and `train heads` read one, not {args.what}")
+    if is_store(data):  # a corpus's feature store (train features): every trainer reads it as it is
+        if args.what == "data":
+            raise UserError(f"{data} is a feature store (train features makes one), not a data folder")
     else:  # without data flags an existing folder keeps its own settings (and is only finished if incomplete)
         generate(target, data, DataConfig(**data_flags, seed=args.seed) if data_flags else None)
     if args.what == "data":

@@ -16,7 +16,8 @@ import torch
 
 from mtp_viz.drafters.draft import DraftSpec, build_draft, load_draft, read_spec, save_draft, trained_parameters
 from mtp_viz.drafters.vocab import frequent_tokens
-from mtp_viz.training.data import Sequence, load_sequences
+from mtp_viz.training.data import Sequence
+from mtp_viz.training.features import training_sequences
 from mtp_viz.training.loop import LoopConfig, TrainJob, seed_everything
 
 
@@ -124,8 +125,8 @@ def train_draft(job: TrainJob, cfg: DraftTrainConfig) -> dict:
     """Train and save a draft in `job.out`; returns the report (also out/training.json)."""
     seed_everything(cfg.loop.seed)
     started = time.perf_counter()
-    train_seqs = list(load_sequences(job.data, cfg.holdout_every, holdout=False, hidden=False))
-    val_seqs = list(load_sequences(job.data, cfg.holdout_every, holdout=True, hidden=False))
+    train_seqs = list(training_sequences(job.data, cfg.holdout_every, holdout=False, hidden=False))
+    val_seqs = list(training_sequences(job.data, cfg.holdout_every, holdout=True, hidden=False))
     model = job.target.model
     if job.start_from is not None:  # continue training a saved draft (its layers and vocabulary)
         draft = load_draft(model, job.start_from).train()

@@ -18,7 +18,8 @@ says how far it got, so a stopped build resumes there, and what the store was ma
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from tqdm import tqdm
 from mtp_viz.errors import UserError
 from mtp_viz.measured import stamp, write_atomically
 from mtp_viz.training.corpus import VALIDATION, read_records
-from mtp_viz.training.data import Sequence
+from mtp_viz.training.data import Sequence, load_sequences
 
 META, VERSION = "meta.json", 1
 BATCH_TOKENS = 4096  # tokens (padding included) a teacher-forced forward takes at once
@@ -78,6 +79,19 @@ def store_sequence(store: FeatureStore, s: int) -> Sequence:
     seq = store.sequence(s)
     labels = (seq["hidden"][:-1], seq["argmax"][:-1], seq["topk_ids"][:-1], seq["topk_logp"][:-1])
     return Sequence(seq["tokens"], int(store.prompt_len[s]), *labels)
+
+
+def training_sequences(data: Path, holdout_every: int, holdout: bool, hidden: bool = True) -> Iterator[Sequence]:
+    """The sequences a trainer reads from `data`: a feature store's side of its split (the corpus's
+    validation by source; `holdout_every` does not apply), read in place, or the older cached
+    set's every n-th sequence (or all but those). hidden=False leaves the final hidden states out."""
+    if not is_store(data):
+        yield from load_sequences(data, holdout_every, holdout, hidden)
+        return
+    store = FeatureStore(data)
+    for s in store.indices(validation=holdout):
+        seq = store_sequence(store, s)
+        yield seq if hidden else replace(seq, hidden=None)
 
 
 def _open(folder: Path, name: str, mode: str, shape: tuple | None = None, dtype=None) -> np.memmap:

@@ -40,7 +40,8 @@ from mtp_viz.drafters.mask import (
 )
 from mtp_viz.errors import UserError
 from mtp_viz.kernels import stock_linears
-from mtp_viz.training.data import Sequence, load_sequences
+from mtp_viz.training.data import Sequence
+from mtp_viz.training.features import training_sequences
 from mtp_viz.training.loop import LoopConfig, TrainJob, seed_everything
 
 
@@ -247,8 +248,9 @@ def train_mask(job: TrainJob, cfg: MaskTrainConfig) -> dict:
     seed_everything(cfg.loop.seed)
     started = time.perf_counter()
     base = job.target.model
-    train_seqs = list(load_sequences(job.data, cfg.holdout_every, holdout=False, hidden=False))
-    val_seqs = list(load_sequences(job.data, cfg.holdout_every, holdout=True, hidden=False))[: cfg.val_sequences]
+    train_seqs = list(training_sequences(job.data, cfg.holdout_every, holdout=False, hidden=False))
+    held = list(training_sequences(job.data, cfg.holdout_every, holdout=True, hidden=False))
+    val_seqs = held[:: max(1, len(held) // cfg.val_sequences)][: cfg.val_sequences]  # spread (a store: by length)
     if not train_seqs or not val_seqs:
         raise UserError(f"{job.data} holds too few sequences to train and validate on")
     spec = MaskSpec(
