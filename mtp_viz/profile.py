@@ -18,6 +18,7 @@ from mtp_viz.clock import Clock
 from mtp_viz.errors import UserError
 from mtp_viz.loading import LoadedModel
 from mtp_viz.machine import machine_info, machine_label
+from mtp_viz.served_costs import ServedCosts, parse_served
 
 MAX_K = 32
 CONTEXT_TOKENS = 256  # the KV-cache length the forwards run against
@@ -46,6 +47,8 @@ class Profile:
     draft_cost: dict[str, dict[int, float]] | None = None  # strategy → B → a drafted token's drafter cost / T(B, 1)
     drafters: dict[str, str | None] | None = None  # strategy → the drafter whose cost was measured
     forced_share: dict[str, float | None] | None = None  # k → share of steps that scored exactly k tokens, as forced
+    served: dict | None = None  # a serving engine's costs as served (mtp_viz.served_costs.ServedCosts.as_dict)
+    how: dict[str, str] | None = None  # figure → how it was obtained
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -219,6 +222,7 @@ class ProfileView:
     draft_cost: dict[str, dict[int, float]] | None = None  # strategy → B → drafted token's cost / T(B, 1)
 
     step_fit: dict[str, float] | None = None  # a serving engine's step: fixed + per sequence + per token
+    served: ServedCosts | None = None  # a serving engine's costs as served, where measured
 
     def prefill(self) -> Prefill | None:
         """What a prompt token costs the engine's step (its per-token cost) and B → a one-token
@@ -263,6 +267,7 @@ def read_profile(path: str | Path | None) -> ProfileView | None:
             }
             or None,
             step_fit={str(k): float(v) for k, v in (data.get("step_fit") or {}).items()} or None,
+            served=parse_served(data.get("served")),
         )
     except UserError:
         raise

@@ -3,6 +3,10 @@ predicted throughput (0: do not speculate), from a serving engine's step costs a
 measured acceptance; written as the table vLLM takes (`num_speculative_tokens_per_batch_size`: a
 list of (batch from, batch to, draft tokens), inclusive, the first starting at 1).
 
+With costs as served (mtp_viz.served_costs) a draft length of 0 still pays the speculative path,
+so the recommendation is a deployable configuration (`deployable`): the table while speculation
+pays by a margin, and plain serving (no speculative config) from the load where it stops.
+
 Pure functions over plain numbers, so a schedule can be checked on hand-made costs."""
 
 import json
@@ -11,9 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mtp_viz.errors import UserError
+from mtp_viz.served_costs import ServedCosts, served_speedup
 from mtp_viz.theory import interpolated
 
 MAX_DRAFT = 8  # the longest draft a schedule considers
+MARGIN = 0.03  # speculate only where predicted at least this much above plain serving (the model's error)
 Table = tuple[tuple[int, int, int], ...]  # (batch from, batch to, draft tokens), sorted, inclusive
 
 
@@ -63,6 +69,9 @@ class StepCosts:
     batch_cost: Mapping[int, Mapping[int, float]]  # B → tokens per sequence → T(B, k) / T(B, 1)
     one_token_s: Mapping[int, float] | None = None  # B → T(B, 1) in seconds (to weigh B between measured)
     draft_cost: Mapping[int, float] | float | None = None  # B → one drafted token's drafter cost / T(B, 1)
+    served: ServedCosts | None = None  # the engine's costs as served: the prediction reads these where given
+    strategy: str = ""  # whose drafter (served costs)
+    request: tuple[float, float] = (64.0, 256.0)  # (output tokens, prompt tokens) of a request (served costs)
 
     def relative(self, batch: int, scored: float) -> float:
         """T(batch, scored) / T(batch, 1), linear in B between the measured batch sizes."""
@@ -98,7 +107,16 @@ def _between(sizes: list[int], batch: int) -> tuple[int, int, float]:
 
 
 def predicted_speedup(costs: StepCosts, acceptance: Acceptance, batch: int, k: int) -> float:
-    """Throughput with drafts of length k over plain decoding, B sequences sharing each step."""
+    """Throughput with drafts of length k over plain decoding, B sequences sharing each step (with
+    served costs, k = 0 is the speculative server drafting nothing, which costs what it costs)."""
+    if costs.served is not None:
+        tokens, prompt = costs.request
+        value = served_speedup(
+            costs.served, costs.strategy, batch, tokens, acceptance.tokens(k), acceptance.scored(k), prompt
+        )
+        if value is None:
+            raise UserError(f"this profile has no served costs of {costs.strategy}'s drafter: measure it with --draft")
+        return value
     if k == 0:
         return 1.0
     scored = acceptance.scored(k)
@@ -116,6 +134,38 @@ def recommend(costs: StepCosts, acceptance: Acceptance, max_batch: int | None = 
     runs of equal lengths merged into one range."""
     last = max_batch or max(costs.batch_cost)
     return compress([best_length(costs, acceptance, b, max_k) for b in range(1, last + 1)])
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """A deployable configuration: the speculative server's table, and the load from which plain
+    serving (no speculative config) is predicted at least as fast (None: speculation pays at every
+    B up to the last; 1: do not speculate)."""
+
+    table: Table
+    plain_from: int | None
+    predicted: dict[int, float]  # B → the recommended configuration's predicted speedup over plain serving
+
+    def speculates_at(self, batch: int) -> bool:
+        return self.plain_from is None or batch < self.plain_from
+
+
+def deployable(
+    costs: StepCosts, acceptance: Acceptance, max_batch: int, max_k: int = MAX_DRAFT, margin: float = MARGIN
+) -> Recommendation:
+    """The best draft length at every B (0 included), and plain serving from the B on which no
+    length is predicted to beat it by `margin` (the table keeps 0 there: a load above the expected
+    one on the speculative server)."""
+    best = {b: best_length(costs, acceptance, b, max_k) for b in range(1, max_batch + 1)}
+    gain = {b: predicted_speedup(costs, acceptance, b, k) for b, k in best.items()}
+    plain_from = None
+    for b in range(max_batch, 0, -1):
+        if gain[b] >= 1.0 + margin:
+            break
+        plain_from = b
+    lengths = [best[b] if plain_from is None or b < plain_from else 0 for b in range(1, max_batch + 1)]
+    predicted = {b: gain[b] if plain_from is None or b < plain_from else 1.0 for b in best}
+    return Recommendation(compress(lengths), plain_from, predicted)
 
 
 def compress(lengths: Sequence[int]) -> Table:

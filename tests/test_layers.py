@@ -29,7 +29,7 @@ LAYERS = (
     (
         "foundation",
         "__init__ child clock detok errors kernels labels linear_plan machine measured native paths prompts sampling "
-        "schedule theory trace visibility",
+        "schedule served_costs theory trace visibility",
     ),
 )
 LAYERS = tuple(

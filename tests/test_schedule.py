@@ -130,7 +130,10 @@ def test_auto_schedules_from_a_sweeps_measured_acceptance():
     view = ProfileView({}, None, "vLLM", {b: CHEAP if b < 8 else LINEAR for b in (1, 2, 4, 8, 16, 32)}, None)
     row = {"strategy": "prompt_lookup", "concurrency": 1, "mean_accepted_tokens": 2.85, "scored_per_forward": 4.0}
     sweep = pd.DataFrame([{**row, "per_position_acceptance": json.dumps([0.8, 0.6, 0.45])}])
-    table = auto_schedule(sweep, view, "prompt_lookup", 3, 32)
-    assert table[0][:1] + table[0][2:] == (1, 3) and table[-1] == (8, 32, 0) and crossover(table) == 8
+    rec = auto_schedule(sweep, view, "prompt_lookup", 3, 32)
+    table = rec.table
+    # from 8 sequences no length pays; at 7 (between cheap 4 and linear 8) none pays by the 3% margin
+    assert table[0][:1] + table[0][2:] == (1, 3) and table[-1] == (7, 32, 0) and crossover(table) == 7
+    assert rec.plain_from == 7 and rec.predicted[7] == 1.0 and rec.predicted[1] > 1.5
     label = scheduled_label("prompt_lookup", table)
     assert split_label(label) == ("prompt_lookup", table) and split_label("prompt_lookup") == ("prompt_lookup", None)

@@ -47,7 +47,10 @@ def test_bench_serves_a_schedule_beside_the_fixed_length_and_plain_decoding(
         "from": "prompt_lookup",
         "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 32, 0]],
         "crossover": 2,
+        "plain_from": None,  # a table given by hand: no recommendation, no plain serving
+        "predicted": {},
         "served": True,
+        "recommended": None,
     }
     config = json.loads(
         meta["servers"][label]["args"][meta["servers"][label]["args"].index("--speculative-config") + 1]
@@ -60,14 +63,40 @@ def test_bench_serves_a_schedule_beside_the_fixed_length_and_plain_decoding(
     assert gone(json.loads(fake_vllm.read_text()))
 
 
-def test_a_schedule_that_never_drafts_is_not_served_and_auto_needs_a_profile(
-    fake_vllm, use_tiny_registry, tmp_path, capsys
-):
+def test_a_schedule_that_never_drafts_is_not_served(fake_vllm, use_tiny_registry, tmp_path):
     args = ["bench", "--backend", "vllm", "--model", "tiny", "--strategies", "prompt_lookup", "--limit", "1"]
     args += ["--categories", "writing", "--max-new-tokens", "3", "--concurrency", "1", "--no-compare-ours"]
-    assert main([*args, "--schedule", "auto", "--out", str(tmp_path / "a")]) == 2
-    assert "--schedule auto needs --profile" in capsys.readouterr().err
     assert main([*args, "--schedule", "1-32:0", "--out", str(tmp_path / "b")]) == 0
     table, meta = read_sweep(tmp_path / "b")
     assert meta["schedules"]["prompt_lookup:per_batch=1-32:0"]["served"] is False
     assert set(table["strategy"]) == {"autoregressive", "prompt_lookup"} and isinstance(table, pd.DataFrame)
+
+
+def test_auto_without_a_profile_measures_this_machines_once_as_served_and_serves_every_fixed_length(
+    fake_vllm, use_tiny_registry, tmp_path, monkeypatch, capsys
+):
+    """The profile is measured on the stand-in (its timings mean nothing; what is asked and kept is
+    the point), cached, and read back by the next sweep; the stand-in reports no acceptance, so the
+    schedule itself is refused with a clear message after the fixed lengths were measured."""
+    monkeypatch.setenv("MTP_VIZ_CACHE", str(tmp_path / "cache"))
+    args = ["bench", "--backend", "vllm", "--model", "tiny", "--strategies", "prompt_lookup:num_draft_tokens=2"]
+    args += ["--limit", "1", "--categories", "writing,coding", "--max-new-tokens", "3", "--concurrency", "1,2"]
+    args += ["--no-compare-ours", "--schedule", "auto"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 2
+    first = capsys.readouterr()
+    assert "prompt_lookup:num_draft_tokens=2 measured no acceptance to schedule from" in first.err
+    assert "measuring this machine's vLLM profile once" in first.out + first.err
+    (kept,) = (tmp_path / "cache" / "profiles").glob("*.json")
+    view = read_profile(kept)
+    assert sorted(view.served.plain) == [1, 2] and sorted(view.served.forced) == [1, 2, 3, 4, 6]
+    assert view.served.new_tokens == 3 and "served" in json.loads(kept.read_text())["how"]
+    table, meta = read_sweep(tmp_path / "a")
+    assert meta["profile"] == str(kept)
+    assert {"autoregressive", "prompt_lookup:num_draft_tokens=1", "prompt_lookup:num_draft_tokens=2"} <= set(
+        table["strategy"]
+    )
+    assert main([*args, "--out", str(tmp_path / "b")]) == 2
+    second = capsys.readouterr()
+    assert "measuring this machine's" not in second.out + second.err
+    assert list((tmp_path / "cache" / "profiles").glob("*.json")) == [kept]
+    assert gone(json.loads(fake_vllm.read_text()))

@@ -18,6 +18,7 @@ from mtp_viz.runner import RunRequest
 from mtp_viz.serving.backend import BACKEND_VLLM
 from mtp_viz.serving.engines import compare_engines
 from mtp_viz.serving.peers import VLLM_PEERS
+from mtp_viz.serving.scheduled import AUTO
 from mtp_viz.serving.sweep import CONCURRENCY, LEVEL_DONE, read_sweep, sweep
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.strategies.variants import settings_of, split_variants
@@ -68,12 +69,15 @@ def add(sub) -> None:
     p.add_argument(
         "--profile",
         type=Path,
-        help="vllm backend: a profile with B × k timings; its predicted speedup goes beside the measured one",
+        help="vllm backend: a profile with B × k timings (profile --backend vllm); its predicted speedup goes "
+        "beside the measured one (with --schedule auto and none given: this machine's, measured once and cached)",
     )
     p.add_argument(
         "--schedule",
         help="vllm backend: also serve each speculative strategy with a draft length per concurrency: "
-        "`auto` (recommended from --profile and the acceptance its longest fixed variant measured here) "
+        "`auto` (recommended from the profile and the acceptance its longest fixed variant measured here; "
+        "every shorter fixed length is measured too, and the recommended configuration, plain serving where "
+        "speculation stops paying, gets rows of its own) "
         "or a table, e.g. 1-2:3,3-32:0 (batch from-to: draft tokens; vLLM's num_speculative_tokens_per_batch_size)",
     )
     p.add_argument(
@@ -133,7 +137,8 @@ def _bench_vllm(args, prompts, strategies, base, settings_for) -> None:
     labels = len(dict.fromkeys([*strategies] if args.vllm_url else ["autoregressive", *strategies]))
     if args.schedule:  # one scheduled variant per speculative strategy
         labels += len({s.partition(":")[0] for s in strategies} - {"autoregressive"})
-    with tqdm(total=labels * len(levels), unit="level") as bar:
+    total = None if args.schedule == AUTO else labels * len(levels)  # auto adds fixed lengths (and a profile)
+    with tqdm(total=total, unit="level") as bar:
 
         def progress(message: str) -> None:
             bar.set_description_str(message[:80])

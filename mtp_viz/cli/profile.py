@@ -6,14 +6,16 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from mtp_viz.bench import load_suite
 from mtp_viz.cli.options import add_backend, add_weights, given
 from mtp_viz.errors import UserError
 from mtp_viz.loading import load_model, model_name
 from mtp_viz.profile import BATCH_SIZES, exit_agreement, profile
 from mtp_viz.prompts import spec_bench
 from mtp_viz.runner import RunRequest, run
+from mtp_viz.served_costs import parse_served
 from mtp_viz.serving.backend import BACKEND_VLLM
-from mtp_viz.serving.engine_profile import engine_profile
+from mtp_viz.serving.engine_profile import SERVED_TOKENS, engine_profile
 from mtp_viz.strategies.base import GenerationSettings
 
 
@@ -38,6 +40,20 @@ def add(sub) -> None:
     )
     p.add_argument(
         "--eagle3", help="vllm backend: also measure this EAGLE-3 drafter's cost per B (default: not measured)"
+    )
+    p.add_argument(
+        "--served",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="vllm backend: also time every server as a sweep serves it (closed-loop clients with real prompts, "
+        "prefills mixed in, each drafter's prefill; a plain server beside): what the prediction and the "
+        "recommendation read",
+    )
+    p.add_argument("--suite", default="spec-bench", help="vllm backend, served: the prompts (as bench --suite)")
+    p.add_argument("--categories", help="vllm backend, served: comma-separated, default: all")
+    p.add_argument("--limit", type=int, default=1, help="vllm backend, served: prompts per category")
+    p.add_argument(
+        "--served-tokens", type=int, default=SERVED_TOKENS, help="vllm backend, served: tokens each request decodes"
     )
     add_weights(p)
     add_backend(p)
@@ -102,7 +118,21 @@ def _profile_vllm(args: argparse.Namespace) -> None:
         drafters["speculative"] = replace(base, strategy="speculative", draft=args.draft)
     if args.eagle3:
         drafters["eagle"] = replace(base, strategy="eagle", eagle3=args.eagle3)
-    result = engine_profile(base, sizes, repeats=repeats, drafters=drafters, progress=print)
+    texts = None
+    if args.served:
+        if not 2 <= args.served_tokens <= 1024 or args.limit < 1:
+            raise UserError("--served-tokens must be 2..1024 and --limit at least 1")
+        categories = [c for c in (args.categories or "").split(",") if c] or None
+        texts = [q.text for q in load_suite(args.suite, categories, args.limit)]
+    result = engine_profile(
+        base,
+        sizes,
+        repeats=repeats,
+        drafters=drafters,
+        progress=print,
+        served_prompts=texts,
+        new_tokens=args.served_tokens,
+    )
     args.out.write_text(json.dumps(result.as_dict(), indent=1))
     fit = result.step_fit or {}
     print(f"{result.model} on vLLM {result.machine.get('vllm')}: one-sequence step {result.one_token_s * 1e3:.1f} ms")
@@ -115,6 +145,15 @@ def _profile_vllm(args: argparse.Namespace) -> None:
     for strategy, row in (result.draft_cost or {}).items():
         print(f"{strategy} drafted token / step: " + ", ".join(f"B={b}: {v:.3f}" for b, v in row.items()))
     print(f"exactly k tokens verified per step (share of steps, by k): {result.forced_share}")
+    served = parse_served(result.served)
+    if served is not None:
+        for c in served.sizes:
+            steps = ", ".join(f"k={k}: {rows[c].step_s * 1e3:.1f}" for k, rows in served.forced.items())
+            plain = served.plain[c]
+            print(
+                f"as served, {c} clients: plain step {plain.step_s * 1e3:.1f} ms, speculative path {steps} ms; "
+                f"a round of prefills {plain.prefill_s * 1e3:.0f} ms"
+            )
     print(f"written to {args.out}")
 
 

@@ -10,6 +10,10 @@ the same steps (all prefilled in one step); a step's time is vLLM's own decode i
 request over its decode steps, the median over the B requests. One server measures every (B, k);
 a drafter's cost (the draft model, EAGLE-3) is what a step of its server costs beyond a forced
 step scoring as many tokens.
+
+Given the sweep's prompts, each server is also timed as the sweep serves it (served_levels: real
+prompts in a closed loop, prefills mixed in), and a plain server beside them: the costs as served
+(mtp_viz.served_costs) that the prediction and the recommendation read.
 """
 
 import asyncio
@@ -17,17 +21,20 @@ import statistics
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from mtp_viz.loading import resolve_device
 from mtp_viz.machine import machine_info
 from mtp_viz.profile import BATCH_SIZES, Profile
 from mtp_viz.prompts import spec_bench
 from mtp_viz.runner import RunRequest
+from mtp_viz.served_costs import NOT_MODELLED, TERMS, ServedCosts
 from mtp_viz.serving.backend import VLLMPlan, open_server, plan, prompt_ids
 from mtp_viz.serving.client import Completion, completion_body
 from mtp_viz.serving.in_vllm.forced_drafts import CODE_BASE
 from mtp_viz.serving.levels import closed_loop
 from mtp_viz.serving.methods import server_args
+from mtp_viz.serving.served_levels import SERVED_DRAFTS, forced_levels, server_levels
 from mtp_viz.theory import interpolated
 
 IN_VLLM = Path(__file__).with_name("in_vllm")  # on the server's PYTHONPATH
@@ -39,7 +46,9 @@ DECODE_STEPS = 12  # decode steps each request is timed over
 CONTEXT = 64
 DRAFTER_LENGTH = 3  # draft length a drafter's server runs with when its cost is measured
 DRAFTERS = ("speculative", "eagle")  # strategies whose drafter costs a forward per drafted token
+SERVED_TOKENS = 64  # output tokens a request is timed over as served
 Progress = Callable[[str], None]
+Then = Callable[[str], Any] | None  # run on a server's url before it stops (the served timings)
 
 
 def forced_plan(base: RunRequest, most: int) -> VLLMPlan:
@@ -82,10 +91,15 @@ def time_level(url: str, body: dict, batch: int) -> tuple[float, list[int]]:
 
 
 def forced_costs(
-    p: VLLMPlan, sizes: tuple[int, ...], drafts: tuple[int, ...], repeats: int, progress: Progress | None
-) -> tuple[dict[int, dict[int, float]], dict[str, float], dict]:
+    p: VLLMPlan,
+    sizes: tuple[int, ...],
+    drafts: tuple[int, ...],
+    repeats: int,
+    progress: Progress | None,
+    then: Then = None,
+) -> tuple[dict[int, dict[int, float]], dict[str, float], dict, Any]:
     """(B → k → seconds per step, k → share of steps that drafted exactly k − 1 (None: the server
-    reported no per-step counts), the server's version and threads)."""
+    reported no per-step counts), the server's version and threads, what `then` returned)."""
     context = filler(p, CONTEXT - 1)
     times: dict[tuple[int, int], list[float]] = {}
     exact: dict[int, list[bool]] = {d: [] for d in drafts}
@@ -103,8 +117,9 @@ def forced_costs(
                     exact[d] += [n == d for n in drafted] if d else [True]
                     if progress:
                         progress(f"vLLM step, B = {b}, k = {d + 1}: {seconds * 1e3:.1f} ms")
+        extra = then(server.url) if then else None
     steps = {b: {d + 1: statistics.median(times[b, d + 1]) for d in drafts} for b in sizes}
-    return steps, {str(d + 1): sum(v) / len(v) if v else None for d, v in exact.items()}, engine
+    return steps, {str(d + 1): sum(v) / len(v) if v else None for d, v in exact.items()}, engine, extra
 
 
 def drafter_costs(
@@ -114,9 +129,11 @@ def drafter_costs(
     length: int,
     repeats: int,
     progress: Progress | None,
-) -> dict[int, float]:
-    """B → one drafted token's drafter cost / T(B, 1): a step of the drafter's server beyond the
-    forced step that scores as many tokens, per drafted token (medians over `repeats` rounds)."""
+    then: Then = None,
+) -> tuple[dict[int, float], Any]:
+    """(B → one drafted token's drafter cost / T(B, 1): a step of the drafter's server beyond the
+    forced step that scores as many tokens, per drafted token (medians over `repeats` rounds),
+    what `then` returned)."""
     context = filler(p, CONTEXT)
     times: dict[int, list[float]] = {b: [] for b in sizes}
     with open_server(p, progress=progress) as server:
@@ -127,11 +144,12 @@ def drafter_costs(
                 times[b].append(seconds)
                 if progress:
                     progress(f"vLLM drafter step, B = {b}, {length} drafts: {seconds * 1e3:.1f} ms")
+        extra = then(server.url) if then else None
     cost = {}
     for b in sizes:
         forced = steps[b].get(length + 1, steps[b][max(steps[b])])
         cost[b] = max(0.0, (statistics.median(times[b]) - forced) / length / steps[b][1])
-    return cost
+    return cost, extra
 
 
 def body_for(p: VLLMPlan, ids: list[int]) -> dict:
@@ -165,15 +183,37 @@ def engine_profile(
     repeats: int = 1,
     drafters: dict[str, RunRequest] | None = None,
     progress: Progress | None = None,
+    served_prompts: list[str] | None = None,
+    new_tokens: int = SERVED_TOKENS,
 ) -> Profile:
-    """The serving engine's B × k step costs (and each drafter's cost per B) as a Profile."""
+    """The serving engine's B × k step costs (and each drafter's cost per B) as a Profile; with the
+    sweep's prompts, also every server's costs as served (and a plain server's)."""
     forced = forced_plan(base, max(max(drafts), 1))
-    steps, exact, engine = forced_costs(forced, sizes, drafts, repeats, progress)
-    draft_cost, names = {}, {}
+    ids = [prompt_ids(forced, text) for text in served_prompts] if served_prompts else None
+    name = forced.target.name
+
+    def as_served(what: str, forced_drafter: bool = False) -> Then:
+        if not ids:
+            return None
+        if forced_drafter:
+            return lambda url: forced_levels(url, name, ids, sizes, new_tokens, SERVED_DRAFTS, progress)
+        return lambda url: server_levels(url, name, ids, sizes, new_tokens, what, progress)
+
+    steps, exact, engine, forced_served = forced_costs(forced, sizes, drafts, repeats, progress, as_served("", True))
+    draft_cost, names, drafter_served = {}, {}, {}
     for strategy, request in (drafters or {}).items():
         p = plan(replace(request, strategy_settings={**request.strategy_settings, **_length(strategy)}))
-        draft_cost[strategy] = drafter_costs(p, steps, sizes, DRAFTER_LENGTH, repeats, progress)
+        draft_cost[strategy], drafter_served[strategy] = drafter_costs(
+            p, steps, sizes, DRAFTER_LENGTH, repeats, progress, as_served(f"{strategy}'s drafter")
+        )
         names[strategy] = p.draft_name
+    served = None
+    if ids:
+        plain = plan(replace(base, strategy="autoregressive", strategy_settings={}))
+        with open_server(plain, progress=progress) as server:
+            plain_served = server_levels(server.url, name, ids, sizes, new_tokens, "plain serving", progress)
+        lengths = {s: DRAFTER_LENGTH for s in drafter_served}
+        served = ServedCosts(plain_served, forced_served, drafter_served, lengths, new_tokens)
     one = {b: row[1] for b, row in steps.items()}
     relative = {b: {k: t / row[1] for k, t in row.items()} for b, row in steps.items()}
     smallest = min(steps)
@@ -200,7 +240,30 @@ def engine_profile(
         draft_cost=draft_cost or None,
         drafters=names or None,
         forced_share=exact,
+        served=served.as_dict() if served else None,
+        how=how_measured(ids, new_tokens),
     )
+
+
+def how_measured(ids: list[list[int]] | None, new_tokens: int) -> dict[str, str]:
+    """How each figure of an engine profile was obtained (written into it)."""
+    how = {
+        "batch_cost": f"lockstep: B copies of one {CONTEXT}-token prompt started together, every step drafting the "
+        f"same forced length, vLLM's decode interval over {DECODE_STEPS} steps (no prefill after the first step)",
+        "draft_cost": f"each drafter's server at {DRAFTER_LENGTH} drafts, lockstep as above, beyond the forced step "
+        "scoring as many tokens, per drafted token",
+    }
+    if ids:
+        mean = sum(map(len, ids)) / len(ids)
+        how["served"] = (
+            f"as the sweep serves: C closed-loop clients cycling {len(ids)} prompts (mean {mean:.0f} tokens); a round "
+            f"of one-token requests times the prefills; one of {new_tokens}-token requests (ignore_eos) less that, "
+            "over a request's decode steps, times a decode step; on a plain server, the forced drafter's (every k) "
+            "and each drafter's"
+        )
+        how["prediction models"] = "; ".join(TERMS)
+        how["prediction leaves out"] = "; ".join(NOT_MODELLED)
+    return how
 
 
 def _length(strategy: str) -> dict:

@@ -1,12 +1,14 @@
-"""Our load model (mtp_viz.theory) beside a measured sweep: the speedup it predicts for each row
-from a profile of this device, the same with the draft's cost as the serving engine pays it, and
-how far off each is."""
+"""Our load model beside a measured sweep: the speedup it predicts for each row from a profile of
+this device (with a serving engine's costs as served, mtp_viz.served_costs; else its lockstep
+step grid through mtp_viz.theory), the same with the draft's cost as the serving engine pays it
+at one client, and how far off each is."""
 
 import math
 
 import pandas as pd
 
 from mtp_viz.profile import DraftCost, Prefill
+from mtp_viz.served_costs import ServedCosts, served_speedup
 from mtp_viz.theory import concurrency_speedup, interpolated
 
 DRAFTING = ("speculative", "eagle")  # a drafter forward per drafted token: its cost ratio c counts
@@ -80,21 +82,50 @@ def engine_draft_cost(table: pd.DataFrame, batch_cost: dict[int, dict[int, float
     return costs
 
 
+def served_prediction(row: pd.Series, costs: ServedCosts) -> float:
+    """A row's speedup from a serving engine's costs as served: its requests' tokens, the tokens a
+    decode step gave and scored (the sweep's measurement), at its concurrency."""
+    strategy = str(row["strategy"]).partition(":")[0]
+    if strategy == "autoregressive":
+        return 1.0
+    values = [row.get(k, math.nan) for k in ("new_tokens", "requests", "mean_accepted_tokens", "scored_per_forward")]
+    if any(pd.isna(v) for v in values) or not row["requests"] or pd.isna(row.get("prompt_tokens", math.nan)):
+        return math.nan
+    tokens = float(row["new_tokens"]) / float(row["requests"])
+    forwards = tokens / float(row["mean_accepted_tokens"])  # the prefill's forward among them
+    decode = max(forwards - 1.0, 1e-9)
+    per_step = max(1.0, (tokens - 1.0) / decode)
+    scored = 1.0 + (float(row["scored_per_forward"]) - 1.0) * forwards / decode  # the prefill drafts nothing
+    value = served_speedup(costs, strategy, int(row["concurrency"]), tokens, per_step, scored, row["prompt_tokens"])
+    return math.nan if value is None else value
+
+
 def with_prediction(
-    table: pd.DataFrame, batch_cost: dict[int, dict[int, float]] | None, c: DraftCost, prefill: Prefill | None = None
+    table: pd.DataFrame,
+    batch_cost: dict[int, dict[int, float]] | None,
+    c: DraftCost,
+    prefill: Prefill | None = None,
+    served: ServedCosts | None = None,
 ) -> pd.DataFrame:
-    """The sweep's rows with our load model's prediction from a profile (`predicted_speedup`), the
-    same with the draft's cost measured on the serving engine at one client (`calibrated_speedup`;
-    `engine_c`), and how far off each is ((predicted − measured) / measured); NaN where the
-    profile has no timings for that concurrency."""
+    """The sweep's rows with our load model's prediction from a profile (`predicted_speedup`: from
+    the engine's costs as served where the profile has them), the same with the draft's cost
+    measured on the serving engine at one client (`calibrated_speedup`; `engine_c`; the same as
+    predicted where the costs were served), and how far off each is ((predicted − measured) /
+    measured); NaN where the profile has no timings for that concurrency."""
     table = table.copy()
     batch_cost = batch_cost or {}
-    engine_c = {} if isinstance(c, dict) else engine_draft_cost(table, batch_cost)  # the engine's own: no need
+    engine_c = {} if isinstance(c, dict) or served else engine_draft_cost(table, batch_cost)
     table["engine_c"] = table["strategy"].map(engine_c)
-    table["predicted_speedup"] = [predicted(row, batch_cost, c, prefill) for _, row in table.iterrows()]
-    table["calibrated_speedup"] = [
-        predicted(row, batch_cost, engine_c.get(row["strategy"], c), prefill) for _, row in table.iterrows()
-    ]
+    source = table["served_as"] if "served_as" in table else pd.Series(math.nan, index=table.index)
+    as_served = table.assign(strategy=source.where(source.notna(), table["strategy"]))  # what each row measured
+    if served is not None:
+        table["predicted_speedup"] = [served_prediction(row, served) for _, row in as_served.iterrows()]
+        table["calibrated_speedup"] = table["predicted_speedup"]
+    else:
+        table["predicted_speedup"] = [predicted(row, batch_cost, c, prefill) for _, row in as_served.iterrows()]
+        table["calibrated_speedup"] = [
+            predicted(row, batch_cost, engine_c.get(row["strategy"], c), prefill) for _, row in as_served.iterrows()
+        ]
     for column, error in (("predicted_speedup", "prediction_error"), ("calibrated_speedup", "calibrated_error")):
         table[error] = (table[column] - table["speedup"]) / table["speedup"]
     return table

@@ -13,20 +13,24 @@ from mtp_viz.profile import ProfileView
 from mtp_viz.schedule import (
     MAX_DRAFT,
     Acceptance,
+    Recommendation,
     StepCosts,
     Table,
+    deployable,
     format_table,
     measured_acceptance,
     parse_table,
-    recommend,
 )
 from mtp_viz.schedule import to_vllm as table_to_vllm
 from mtp_viz.serving.backend import VLLMPlan
 from mtp_viz.serving.methods import server_args
+from mtp_viz.strategies.variants import parse_variant
 
 AUTO = "auto"
 PER_BATCH = "per_batch"  # a sweep label's suffix: "prompt_lookup:per_batch=1-2:3,3-32:0"
+RECOMMENDED = "recommended"  # a sweep label's suffix: the recommended configuration at each level
 DRAFTING = ("speculative", "eagle")  # each drafted token costs a drafter forward
+LENGTH_SETTING = {"eagle": "depth"}  # the setting that sets a strategy's draft length (else num_draft_tokens)
 
 
 def family(label: str) -> str:
@@ -35,6 +39,21 @@ def family(label: str) -> str:
 
 def scheduled_label(base: str, table: Table) -> str:
     return f"{base}:{PER_BATCH}={format_table(table)}"
+
+
+def recommended_label(base: str) -> str:
+    return f"{base}:{RECOMMENDED}"
+
+
+def is_recommended(label: str) -> bool:
+    return str(label).endswith(f":{RECOMMENDED}")
+
+
+def length_variant(label: str, k: int) -> str:
+    """A label's variant with draft length k ("prompt_lookup" → "prompt_lookup:num_draft_tokens=2")."""
+    name, values = parse_variant(label)
+    values = {**values, LENGTH_SETTING.get(name, "num_draft_tokens"): k}
+    return name + "".join(f":{key}={value}" for key, value in values.items())
 
 
 def split_label(label: str) -> tuple[str, Table | None]:
@@ -61,12 +80,14 @@ def scheduled_plan(p: VLLMPlan, table: Table) -> VLLMPlan | None:
     return replace(p, speculative_config=spec, server=replace(p.server, extra_args=tuple(server_args(spec))))
 
 
-def step_costs(view: ProfileView, strategy: str) -> StepCosts:
-    """A profile's step costs as the schedule reads them, with the strategy's drafter cost."""
+def step_costs(view: ProfileView, strategy: str, request: tuple[float, float] | None = None) -> StepCosts:
+    """A profile's step costs as the schedule reads them, with the strategy's drafter cost (and its
+    costs as served, for requests of (output tokens, prompt tokens), where measured)."""
     if not view.batch_cost:
         raise UserError("this profile has no B × k timings: `python -m mtp_viz profile --backend vllm` measures them")
     draft = view.draft_cost.get(strategy) if view.draft_cost else view.c
-    return StepCosts(view.batch_cost, view.one_token_s, draft)
+    served = view.served if view.served is not None and request is not None else None
+    return StepCosts(view.batch_cost, view.one_token_s, draft, served, strategy, request or StepCosts.request)
 
 
 def row_acceptance(table: pd.DataFrame, label: str, k: int) -> Acceptance | None:
@@ -87,7 +108,7 @@ def longest_fixed(table: pd.DataFrame, strategy: str) -> tuple[str, int] | None:
     best = None
     for label in dict.fromkeys(table["strategy"]):
         base, schedule = split_label(label)
-        if schedule is not None or family(base) != strategy:
+        if schedule is not None or is_recommended(base) or family(base) != strategy:
             continue
         rows = table[table["strategy"] == label]
         k = _length_of(rows)
@@ -103,12 +124,20 @@ def _length_of(rows: pd.DataFrame) -> int:
     return len(json.loads(rows["per_position_acceptance"].iloc[0] or "[]"))
 
 
-def auto_schedule(table: pd.DataFrame, view: ProfileView, label: str, k: int, max_batch: int) -> Table:
-    """The schedule our load model recommends for a fixed label's strategy from its measured
-    acceptance, with drafts up to the length that label ran with."""
+def auto_schedule(table: pd.DataFrame, view: ProfileView, label: str, k: int, max_batch: int) -> Recommendation:
+    """The configuration our load model recommends for a fixed label's strategy from its measured
+    acceptance, with drafts up to the length that label ran with (and the profile timed)."""
     acceptance = row_acceptance(table, label, k)
     if acceptance is None:
         raise UserError(f"{label} measured no acceptance to schedule from")
-    timed = max(max(row) for row in view.batch_cost.values()) - 1  # drafts the profile timed
+    request = None
+    if view.served is not None:  # what a request of this sweep decodes and prefills
+        row = table[table["strategy"] == label].sort_values("concurrency").iloc[0]
+        request = (float(row["new_tokens"]) / max(1.0, float(row["requests"])), float(row["prompt_tokens"]))
+    costs = step_costs(view, family(label), request)
+    if costs.served is not None:
+        timed = max(costs.served.forced) - 1
+    else:
+        timed = max(max(row) for row in view.batch_cost.values()) - 1  # drafts the profile timed
     # no longer than the fixed length measured: its acceptance is known only that far
-    return recommend(step_costs(view, family(label)), acceptance, max_batch, min(MAX_DRAFT, timed, k))
+    return deployable(costs, acceptance, max_batch, min(MAX_DRAFT, timed, k))

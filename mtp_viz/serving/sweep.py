@@ -2,6 +2,12 @@
 same prompts from C concurrent clients (a closed loop: each client sends its next request when
 its previous one is answered), for every C asked.
 
+With a schedule (`auto`: recommended from the profile, this machine's own measured once where none
+is given), each speculative strategy is also served at every fixed draft length up to its longest,
+then with the table, and its recommended configuration gets rows of its own (`…:recommended`): at
+each level, the table's measurement where it speculates, plain decoding's from where the
+recommendation says to serve without speculation.
+
 Writes, as it goes (a server that dies leaves the rows so far): `serving.csv`, one row per
 (strategy, concurrency); `summary.json` naming the machine, the vLLM version and the settings;
 and every request's trace under `traces/<strategy>/c<C>/`. `read_sweep` reads them back.
@@ -21,11 +27,20 @@ from mtp_viz.machine import machine_info
 from mtp_viz.profile import ProfileView
 from mtp_viz.prompts import BenchPrompt
 from mtp_viz.runner import RunRequest
-from mtp_viz.schedule import crossover, parse_table, to_vllm
+from mtp_viz.schedule import Recommendation, crossover, parse_table, to_vllm
 from mtp_viz.serving.backend import VLLMPlan, open_server, plan, prompt_ids
 from mtp_viz.serving.levels import mean_or_nan, measure_level, warm_up_concurrent
+from mtp_viz.serving.machine_profile import drafters_of, machine_profile
 from mtp_viz.serving.prediction import with_prediction
-from mtp_viz.serving.scheduled import AUTO, auto_schedule, draft_length, scheduled_label, scheduled_plan
+from mtp_viz.serving.scheduled import (
+    AUTO,
+    auto_schedule,
+    draft_length,
+    length_variant,
+    recommended_label,
+    scheduled_label,
+    scheduled_plan,
+)
 from mtp_viz.serving.server import ServerError
 from mtp_viz.strategies.variants import parse_variant
 from mtp_viz.trace import Trace
@@ -56,7 +71,8 @@ COLUMNS = (
     "identical_to_ar",  # share of requests whose output equals vLLM AR's on the same prompt and C
     "counter_drafted",  # /metrics deltas over the level, for the cross-check
     "counter_accepted",
-    "predicted_speedup",  # our load model (mtp_viz.theory) with this device's B × k profile
+    "predicted_speedup",  # our load model with this device's profile (costs as served where measured)
+    "served_as",  # a recommended configuration's row: the label whose measurement it is at this level
 )
 
 
@@ -79,38 +95,72 @@ def sweep(
         raise UserError(f"--concurrency takes integers 1..{MAX_CONCURRENCY}, separated by commas")
     if url and (len(labels) != 1 or schedule):
         raise UserError("a running server (--vllm-url) serves one strategy: give only that one, and no schedule")
-    variants = {label: parse_variant(label) for label in dict.fromkeys(labels if url else [BASELINE, *labels])}
-    plans = {
-        label: plan(replace(base, strategy=name, strategy_settings={**settings_for(name), **values}))
-        for label, (name, values) in variants.items()
-    }  # every request checked before any server starts
+    plans = _plans(labels if url else [BASELINE, *labels], base, settings_for)  # all checked before a server starts
+    if schedule == AUTO:  # every fixed length up to each strategy's longest, measured beside the recommendation
+        have = {(label.partition(":")[0], draft_length(p)) for label, p in plans.items()}
+        lengths = [length_variant(x, k) for x in longest_per_strategy(plans) for k in range(1, draft_length(plans[x]))]
+        extra = _plans(lengths, base, settings_for)
+        plans |= {x: p for x, p in extra.items() if (x.partition(":")[0], draft_length(p)) not in have}
     fixed_table = parse_table(schedule) if schedule and schedule != AUTO else None
+    meta: dict[str, Any] = {"machine": machine_info("cpu"), "prompts": [q.id for q in prompts], "errors": []}
     if schedule == AUTO and (profile is None or not profile.batch_cost):
-        raise UserError("--schedule auto needs --profile with B × k timings (profile --backend vllm measures them)")
+        drafters = drafters_of([p.request for p in plans.values()])
+        sizes = tuple(sorted(set(concurrency)))
+        texts = [q.text for q in prompts]
+        profile, where = machine_profile(base, drafters, texts, sizes, base.generation.max_new_tokens, progress)
+        meta["profile"] = str(where)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     outputs: dict[tuple[str, int], list[list[int]]] = {}
-    meta: dict[str, Any] = {"machine": machine_info("cpu"), "prompts": [q.id for q in prompts], "errors": []}
     state = (prompts, concurrency, out, rows, outputs, meta, profile, progress)
     for label, p in plans.items():
         _measure(label, p, url, state)
     for label in longest_per_strategy(plans) if schedule else []:
-        table = fixed_table or auto_schedule(
-            _write(out, rows, outputs, meta, profile), profile, label, draft_length(plans[label]), max(concurrency)
-        )
-        served = scheduled_plan(plans[label], table)
-        name = scheduled_label(label, table)
+        if fixed_table is not None:
+            rec = Recommendation(fixed_table, None, {})
+        else:
+            table = _write(out, rows, outputs, meta, profile)
+            rec = auto_schedule(table, profile, label, draft_length(plans[label]), max(concurrency))
+        served = scheduled_plan(plans[label], rec.table) if rec.plain_from != 1 else None
+        name = scheduled_label(label, rec.table)
         meta.setdefault("schedules", {})[name] = {
             "from": label,
-            "num_speculative_tokens_per_batch_size": to_vllm(table),
-            "crossover": crossover(table),
+            "num_speculative_tokens_per_batch_size": to_vllm(rec.table),
+            "crossover": crossover(rec.table),
+            "plain_from": rec.plain_from,
+            "predicted": rec.predicted,
             "served": served is not None,
+            "recommended": recommended_label(label) if schedule == AUTO else None,
         }
         if served is None and progress:
             progress(f"{name} never drafts: plain decoding's rows are its measurement")
         if served is not None:
             _measure(name, served, url, state)
+        if schedule == AUTO:
+            _recommended(recommended_label(label), name if served is not None else None, rec, state)
     return _write(out, rows, outputs, meta, profile)
+
+
+def _plans(labels: list[str], base: RunRequest, settings_for: Callable[[str], dict]) -> dict[str, VLLMPlan]:
+    """Each label's server plan (its request checked: a bad setting fails before any server)."""
+    variants = {label: parse_variant(label) for label in dict.fromkeys(labels)}
+    return {
+        label: plan(replace(base, strategy=name, strategy_settings={**settings_for(name), **values}))
+        for label, (name, values) in variants.items()
+    }
+
+
+def _recommended(label: str, scheduled: str | None, rec: Recommendation, state) -> None:
+    """The recommended configuration's rows: at each level, the scheduled server's where it
+    speculates, plain decoding's where it serves without speculation."""
+    _, concurrency, out, rows, outputs, meta, profile, _ = state
+    for c in concurrency:
+        source = scheduled if scheduled is not None and rec.speculates_at(c) else BASELINE
+        found = [r for r in rows if r["strategy"] == source and r["concurrency"] == c]
+        if found and (source, c) in outputs:
+            rows.append({**found[0], "strategy": label, "served_as": source})
+            outputs[(label, c)] = outputs[(source, c)]
+    _write(out, rows, outputs, meta, profile)
 
 
 def longest_per_strategy(plans: dict[str, VLLMPlan]) -> list[str]:
@@ -178,7 +228,7 @@ def _write(out: Path, rows: list[dict], outputs: dict, meta: dict, profile) -> p
                 [float(a == b) for a, b in zip(mine, outputs[key], strict=True)]
             )
     if profile is not None:
-        table = with_prediction(table, profile.batch_cost, profile.draft_costs(), profile.prefill())
+        table = with_prediction(table, profile.batch_cost, profile.draft_costs(), profile.prefill(), profile.served)
     table.to_csv(out / SERVING_CSV, index=False)
     (out / SUMMARY_JSON).write_text(json.dumps(meta, indent=1))
     return table

@@ -86,7 +86,7 @@ def serving_views(sweep: Path | None, profile: Path | None):
     view = read_profile(profile)
     batch, c = (view.batch_cost, view.draft_costs()) if view else (None, None)
     prefill = view.prefill() if view else None
-    table = with_prediction(table, batch, c, prefill)
+    table = with_prediction(table, batch, c, prefill, view.served if view else None)
     machine = f"{machine_label(meta.get('machine', {}))}, vLLM {meta.get('vllm') or 'version not recorded'}"
     engine = view is not None and view.engine != "mtp-viz"
     costs = (
@@ -108,7 +108,7 @@ def serving_views(sweep: Path | None, profile: Path | None):
 
 
 SCHEDULE_COLUMNS = ["strategy", "acceptance from", "num_speculative_tokens_per_batch_size"]
-SCHEDULE_COLUMNS += ["speculation stops paying from B", "served in this sweep as"]
+SCHEDULE_COLUMNS += ["speculation stops paying from B", "plain serving from B", "served in this sweep as"]
 
 
 def schedules_view(table: pd.DataFrame, meta: dict, view) -> pd.DataFrame:
@@ -128,14 +128,16 @@ def schedules_view(table: pd.DataFrame, meta: dict, view) -> pd.DataFrame:
             recommended = auto_schedule(table, view, found[0], found[1], int(table["concurrency"].max()))
         except UserError:
             continue  # no acceptance measured, or no drafter cost in this profile
-        stop = crossover(recommended)
+        stop = crossover(recommended.table)
+        plain = recommended.plain_from
         rows.append(
             {
                 "strategy": strategy,
                 "acceptance from": found[0],
-                "num_speculative_tokens_per_batch_size": json.dumps(to_vllm(recommended)),
+                "num_speculative_tokens_per_batch_size": json.dumps(to_vllm(recommended.table)),
                 "speculation stops paying from B": "never (up to the last measured)" if stop is None else stop,
-                "served in this sweep as": served.get(recommended, "—"),
+                "plain serving from B": "never (up to the last measured)" if plain is None else plain,
+                "served in this sweep as": served.get(recommended.table, "—"),
             }
         )
     return pd.DataFrame(rows, columns=SCHEDULE_COLUMNS)

@@ -1,0 +1,115 @@
+"""The serving engine's costs as served (mtp_viz.served_costs): the request-cost model checked by hand,
+a sweep row's prediction from it, the deployable recommendation it gives, a profile's round trip, and
+the served timings' arithmetic (mtp_viz.serving.served_levels) on scripted rounds."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from mtp_viz.profile import Profile, read_profile
+from mtp_viz.schedule import Acceptance, StepCosts, deployable, predicted_speedup
+from mtp_viz.served_costs import Level, ServedCosts, served_speedup, step
+from mtp_viz.serving import served_levels
+from mtp_viz.serving.client import Completion
+from mtp_viz.serving.in_vllm.forced_drafts import CODE_BASE
+from mtp_viz.serving.prediction import with_prediction
+
+
+def level(step_ms: float, prefill_ms: float = 100.0, prompt: float = 200.0) -> Level:
+    return Level(step_ms / 1e3, prefill_ms / 1e3, prompt, 48.0)
+
+
+# C = 1: a plain step 20 ms; the speculative path 22 ms drafting nothing (10% of its own), 24 ms
+# scoring 4 tokens; C = 8: plain 40 ms, the path 44 ms, 160 ms for 4 tokens. EAGLE-3 at 3 drafts:
+# 30 ms at C = 1 (2 ms a drafted token beyond the forced step), 98 ms at C = 8 (6 ms), and its
+# prefill round twice the target's (the drafter prefills every prompt too).
+COSTS = ServedCosts(
+    plain={1: level(20), 8: level(40, 400)},
+    forced={1: {1: level(22), 8: level(44, 400)}, 4: {1: level(24), 8: level(160, 400)}},
+    drafters={"eagle": {1: level(30, 200), 8: level(98, 800)}},
+    lengths={"eagle": 3},
+    new_tokens=49,
+)
+
+
+def test_a_request_costs_its_decode_steps_and_its_round_of_prefills_on_each_side():
+    # 49 tokens: 48 decode steps plain (48 × 20 + 100 = 1060 ms); 2 tokens a step scoring 4: 24 steps of 24 ms
+    assert served_speedup(COSTS, "prompt_lookup", 1, 49, 2.0, 4.0, 200) == pytest.approx(1060 / (24 * 24 + 100))
+    # drafting nothing still pays the speculative path: 48 × 22 + 100
+    assert served_speedup(COSTS, "prompt_lookup", 1, 49, 1.0, 1.0, 200) == pytest.approx(1060 / 1156)
+    # a prompt twice as long doubles both rounds of prefill
+    assert served_speedup(COSTS, "prompt_lookup", 1, 49, 2.0, 4.0, 400) == pytest.approx(1160 / (24 * 24 + 200))
+    # EAGLE-3 with one draft: the forced step scoring 2 (22 + 2/3 ms) plus 2 ms, and its own prefill round
+    assert step(COSTS, "eagle", 1, 2.0) == pytest.approx((22 + 2 / 3 + 2) / 1e3)
+    assert served_speedup(COSTS, "eagle", 1, 49, 1.5, 2.0, 200) == pytest.approx(1060 / (32 * (24 + 2 / 3) + 200))
+    # between measured concurrencies, linear in C: at 4, plain 20 + 3/7 of 20 ms
+    plain_at_4 = 48 * (20 + 20 * 3 / 7) + 100 + 300 * 3 / 7
+    forced_at_4 = 48 * (22 + 22 * 3 / 7) + 100 + 300 * 3 / 7
+    assert served_speedup(COSTS, "prompt_lookup", 4, 49, 1.0, 1.0, 200) == pytest.approx(plain_at_4 / forced_at_4)
+    assert served_speedup(COSTS, "speculative", 1, 49, 2.0, 4.0, 200) is None  # its drafter was not measured
+
+
+def test_a_sweep_row_is_predicted_from_its_own_tokens_per_step_and_a_recommended_row_as_what_it_served():
+    rows = [
+        # 4 requests of 49 tokens in 100 forwards (25 each: the prefill and 24 decode steps of 2 tokens),
+        # 3 drafts a decode step (scored per forward counts the prefill's single token too)
+        {"strategy": "prompt_lookup", "concurrency": 1, "new_tokens": 196, "requests": 4, "prompt_tokens": 200.0,
+         "mean_accepted_tokens": 196 / 100, "scored_per_forward": (100 + 24 * 3 * 4) / 100, "speedup": 1.5},
+        {"strategy": "autoregressive", "concurrency": 1, "new_tokens": 196, "requests": 4, "prompt_tokens": 200.0,
+         "mean_accepted_tokens": 1.0, "scored_per_forward": 1.0, "speedup": 1.0},
+        {"strategy": "prompt_lookup:recommended", "concurrency": 8, "new_tokens": 196, "requests": 4,
+         "prompt_tokens": 200.0, "mean_accepted_tokens": 1.0, "scored_per_forward": 1.0, "speedup": 1.0,
+         "served_as": "autoregressive"},
+    ]  # fmt: skip
+    table = with_prediction(pd.DataFrame(rows), None, None, None, COSTS)
+    assert table["predicted_speedup"].tolist() == pytest.approx([1060 / (24 * 24 + 100), 1.0, 1.0])
+    assert table["prediction_error"].iloc[0] == pytest.approx((1060 / 676 - 1.5) / 1.5)
+    plain = pd.DataFrame([{**rows[0], "concurrency": 1}])
+    assert not math.isnan(with_prediction(plain, None, None, None, COSTS)["predicted_speedup"].iloc[0])
+
+
+def test_the_recommendation_serves_plain_from_the_load_where_no_length_pays_by_the_margin():
+    lookup = Acceptance((0.9, 0.8, 0.7), 1.0, 1.0, draft_forwards=False)
+    served = StepCosts({1: {1: 1.0}, 8: {1: 1.0}}, served=COSTS, strategy="prompt_lookup", request=(49.0, 200.0))
+    assert predicted_speedup(served, lookup, 8, 0) < 1.0  # a 0 in the table still costs the path
+    rec = deployable(served, lookup, 8, max_k=3)
+    assert rec.table[0][2] == 3 and rec.predicted[1] == pytest.approx(predicted_speedup(served, lookup, 1, 3))
+    assert rec.plain_from is not None and all(rec.speculates_at(b) == (b < rec.plain_from) for b in range(1, 9))
+    assert all(rec.predicted[b] == 1.0 for b in range(rec.plain_from, 9))
+    assert all(predicted_speedup(served, lookup, b, k) < 1.03 for b in range(rec.plain_from, 9) for k in range(4))
+    assert rec.table[-1] == (rec.plain_from, 8, 0)  # the speculative server, if loaded past it, drafts nothing
+    never = Acceptance((0.05,), 1.0, 1.0, draft_forwards=False)
+    assert deployable(served, never, 8, max_k=1).plain_from == 1  # nothing pays: plain serving throughout
+
+
+def test_a_profile_keeps_its_served_costs_and_says_how_it_measured(tmp_path):
+    profile = Profile("m", None, "cpu", "float32", 0.02, {1: 1.0}, None, batch_cost={1: {1: 1.0}})
+    data = {**profile.as_dict(), "served": COSTS.as_dict(), "how": {"served": "closed loop"}}
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    view = read_profile(tmp_path / "p.json")
+    assert view.served == COSTS
+
+
+def test_a_level_takes_the_prefill_round_out_of_the_full_round_over_the_decode_steps(monkeypatch):
+    """Scripted rounds: a prefill round of 0.1 s and a full one of 1.1 s over 50 decode steps give a
+    20 ms step; the forced drafter's levels lead each prompt with its length's code and share one
+    prefill round per C."""
+    sent = []
+
+    def scripted(url, bodies, c):
+        sent.append(bodies)
+        one = bodies[0]["max_tokens"] == 1
+        answer = Completion([1], [7] * (1 if one else 51), "", "length", 0.0, None)
+        return (0.1 if one else 1.1), [answer] * len(bodies)
+
+    monkeypatch.setattr(served_levels, "round_seconds", scripted)
+    got = served_levels.server_levels("url", "m", [[1, 2, 3], [4, 5]], (1, 2), 51, "plain", None)
+    assert got[1] == Level(0.02, 0.1, 2.5, 50.0) and got[2].step_s == pytest.approx(0.02)
+    assert all(b["ignore_eos"] for bodies in sent for b in bodies) and len(sent[1]) == 4  # whole rounds, ≥ 4
+    sent.clear()
+    forced = served_levels.forced_levels("url", "m", [[1, 2, 3]], (2,), 51, (0, 2), None)
+    assert sorted(forced) == [1, 3] and forced[3][2].step_s == pytest.approx(0.02)
+    assert [bodies[0]["max_tokens"] for bodies in sent] == [1, 51, 51]  # one prefill round for both lengths
+    assert [bodies[0]["prompt"][0] for bodies in sent] == [CODE_BASE, CODE_BASE, CODE_BASE + 2]
