@@ -113,3 +113,45 @@ def test_a_level_takes_the_prefill_round_out_of_the_full_round_over_the_decode_s
     assert sorted(forced) == [1, 3] and forced[3][2].step_s == pytest.approx(0.02)
     assert [bodies[0]["max_tokens"] for bodies in sent] == [1, 51, 51]  # one prefill round for both lengths
     assert [bodies[0]["prompt"][0] for bodies in sent] == [CODE_BASE, CODE_BASE, CODE_BASE + 2]
+
+
+def test_the_deploy_tab_draws_plain_serving_from_the_crossover_and_tells_why_in_a_worked_example(tmp_path):
+    from mtp_viz.ui.deploy_tab import serving_views
+
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    common = {"new_tokens": 196, "requests": 4, "prompt_tokens": 200.0, "tokens_per_s": 10.0}
+    lookup = {
+        "mean_accepted_tokens": 196 / 100,
+        "scored_per_forward": 3.88,
+        "per_position_acceptance": "[0.9, 0.8, 0.7]",
+    }
+    rows = [
+        {
+            "strategy": "autoregressive",
+            "concurrency": c,
+            "speedup": 1.0,
+            "mean_accepted_tokens": 1.0,
+            "scored_per_forward": 1.0,
+            "per_position_acceptance": "[]",
+            **common,
+        }
+        for c in (1, 8)
+    ]
+    rows += [
+        {"strategy": "prompt_lookup", "concurrency": c, "speedup": s, **lookup, **common}
+        for c, s in ((1, 1.5), (8, 0.8))
+    ]
+    pd.DataFrame(rows).to_csv(folder / "serving.csv", index=False)  # fmt: skip
+    (folder / "summary.json").write_text(json.dumps({"machine": {"cpu": "Serving CPU"}, "vllm": "9.9", "prompts": []}))
+    profile = Profile("m", None, "cpu", "float32", 0.02, {1: 1.0}, None, batch_cost={1: {1: 1.0}, 8: {1: 1.0}})
+    data = {**profile.as_dict(), "engine": "vllm", "machine": {"engine": "vllm", "vllm": "9.9", "cpu": "Engine CPU"}}
+    data |= {"served": COSTS.as_dict(), "step_fit": {"fixed_s": 0.015, "per_sequence_s": 0.0, "per_token_s": 0.0015}}
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    fig, shown, schedules, caption = serving_views(folder, tmp_path / "p.json")
+    plain_from = schedules.set_index("strategy").loc["prompt_lookup", "plain serving from B"]
+    assert 1 < plain_from <= 8
+    assert any(f"prompt_lookup: plain from {plain_from}" in a.text for a in fig.layout.annotations)
+    assert "Worked example: prompt_lookup" in caption and "15.0 ms on every step" in caption
+    assert f"from **{plain_from}** concurrent sequences plain serving" in caption
+    assert "accepted at 0.90, 0.80, 0.70" in caption and "2.00 tokens a sequence and scored 4.00" in caption

@@ -27,7 +27,7 @@ from mtp_viz.errors import UserError
 from mtp_viz.labels import is_peer
 from mtp_viz.machine import machine_label
 from mtp_viz.profile import read_batch_profile, read_profile
-from mtp_viz.schedule import crossover, to_vllm
+from mtp_viz.schedule import Recommendation, crossover, to_vllm
 from mtp_viz.serving.prediction import with_prediction
 from mtp_viz.serving.scheduled import auto_schedule, family, longest_fixed
 from mtp_viz.serving.sweep import BASELINE, read_sweep
@@ -48,6 +48,7 @@ from mtp_viz.ui.results import (
 )
 from mtp_viz.ui.temp_files import download_file
 from mtp_viz.viz import figures
+from mtp_viz.viz.crossover import example_row, worked_example
 
 THIS_MACHINE = "this machine (measured in the Theory tab)"
 FIRST_SWEEP = "cpu-smollm2-135m-vllm-schedule"  # the sweep the serving section opens on
@@ -72,7 +73,7 @@ def profiles() -> dict[str, Path]:
 
 SERVING_COLUMNS = ["strategy", "concurrency", "tokens_per_s", "speedup", "predicted_speedup", "prediction_error"]
 SERVING_COLUMNS += ["calibrated_speedup", "calibrated_error", "engine_c", "mean_accepted_tokens", "identical_to_ar"]
-SERVING_COLUMNS += ["ttft_s", "itl_s"]
+SERVING_COLUMNS += ["ttft_s", "itl_s", "served_as"]
 
 
 def serving_views(sweep: Path | None, profile: Path | None):
@@ -104,40 +105,57 @@ def serving_views(sweep: Path | None, profile: Path | None):
         + ". error = (predicted − measured) / measured."
     )
     shown = table[[c for c in SERVING_COLUMNS if c in table]]
-    return figures.serving_curves(table, machine), shown, schedules_view(table, meta, view), caption
+    recs = recommendations(table, view)
+    plain_from = {s: rec.plain_from for s, (_, rec) in recs.items() if rec.plain_from is not None}
+    told = example_row(table)
+    example = worked_example(
+        view, table, recs.get(family(told["strategy"]), (None, None))[1] if told is not None else None
+    )
+    figure = figures.serving_curves(table, machine, plain_from)
+    return figure, shown, schedules_view(table, meta, view), caption + ("\n\n" + example if example else "")
 
 
 SCHEDULE_COLUMNS = ["strategy", "acceptance from", "num_speculative_tokens_per_batch_size"]
 SCHEDULE_COLUMNS += ["speculation stops paying from B", "plain serving from B", "served in this sweep as"]
 
 
-def schedules_view(table: pd.DataFrame, meta: dict, view) -> pd.DataFrame:
-    """Per speculative strategy of a sweep: the schedule the profile recommends from the acceptance
-    its longest fixed variant measured (vLLM's table form), where speculation stops paying, and
-    the label it was served under in this sweep, if it was."""
-    rows = []
-    served = {
-        tuple(map(tuple, s["num_speculative_tokens_per_batch_size"])): label
-        for label, s in meta.get("schedules", {}).items()
-    }
+def recommendations(table: pd.DataFrame, view) -> dict[str, tuple[str, Recommendation]]:
+    """Per speculative strategy of a sweep: the fixed label its acceptance comes from (its longest)
+    and the configuration the profile recommends from it."""
+    found_all = {}
     for strategy in dict.fromkeys(family(label) for label in table["strategy"]):
         found = longest_fixed(table, strategy) if strategy != BASELINE else None
         if found is None or view is None or not view.batch_cost:
             continue
         try:
-            recommended = auto_schedule(table, view, found[0], found[1], int(table["concurrency"].max()))
+            found_all[strategy] = (
+                found[0],
+                auto_schedule(table, view, found[0], found[1], int(table["concurrency"].max())),
+            )
         except UserError:
             continue  # no acceptance measured, or no drafter cost in this profile
-        stop = crossover(recommended.table)
-        plain = recommended.plain_from
+    return found_all
+
+
+def schedules_view(table: pd.DataFrame, meta: dict, view) -> pd.DataFrame:
+    """Per speculative strategy of a sweep: the schedule the profile recommends from the acceptance
+    its longest fixed variant measured (vLLM's table form), where speculation stops paying, from
+    which load plain serving is recommended, and the label it was served under in this sweep."""
+    rows = []
+    served = {
+        tuple(map(tuple, s["num_speculative_tokens_per_batch_size"])): label
+        for label, s in meta.get("schedules", {}).items()
+    }
+    for strategy, (source, rec) in recommendations(table, view).items():
+        stop, plain = crossover(rec.table), rec.plain_from
         rows.append(
             {
                 "strategy": strategy,
-                "acceptance from": found[0],
-                "num_speculative_tokens_per_batch_size": json.dumps(to_vllm(recommended.table)),
+                "acceptance from": source,
+                "num_speculative_tokens_per_batch_size": json.dumps(to_vllm(rec.table)),
                 "speculation stops paying from B": "never (up to the last measured)" if stop is None else stop,
                 "plain serving from B": "never (up to the last measured)" if plain is None else plain,
-                "served in this sweep as": served.get(recommended.table, "—"),
+                "served in this sweep as": served.get(rec.table, "—"),
             }
         )
     return pd.DataFrame(rows, columns=SCHEDULE_COLUMNS)

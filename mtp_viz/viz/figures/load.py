@@ -2,6 +2,7 @@
 and the one measured on a serving engine beside its prediction."""
 
 import html
+import math
 
 import plotly.graph_objects as go
 
@@ -54,10 +55,19 @@ def _load_layout(fig: go.Figure, title: str, x_title: str, baseline: str, sizes:
     )
 
 
-def serving_curves(table, machine: str) -> go.Figure:
+def serving_curves(table, machine: str, plain_from: dict[str, int] | None = None) -> go.Figure:
     """Measured speedup over the serving engine's own autoregressive decoding against concurrent
-    clients (solid), beside what our load model predicts for it (dashed), per strategy."""
+    clients (solid), beside what our load model predicts for it (dashed), per strategy; where a
+    strategy's recommendation serves plain from some load on (`plain_from`: family → B), a dotted
+    line marks it."""
     fig = go.Figure()
+    for strategy, b in (plain_from or {}).items():
+        colour, _ = family_style(strategy)
+        fig.add_vline(x=b, line=dict(color=colour, dash="dot", width=1))
+        fig.add_annotation(
+            x=math.log10(b), y=1.0, yref="paper", text=f"{html.escape(strategy)}: plain from {b}", showarrow=False,
+            font=dict(size=10, color=colour), yanchor="bottom",
+        )  # fmt: skip
     labels = [s for s in dict.fromkeys(table["strategy"]) if s != "autoregressive"][:MAX_SERIES]
     for label in labels:
         rows = table[table["strategy"] == label].sort_values("concurrency")
