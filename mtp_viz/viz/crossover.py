@@ -21,14 +21,14 @@ def clients(n: int) -> str:
 def example_row(table: pd.DataFrame) -> pd.Series | None:
     """The row the example reads: the lowest concurrency of the preferred strategy's fixed label
     with the longest draft that measured acceptance."""
+    if table.empty or not {"per_position_acceptance", "mean_accepted_tokens"} <= set(table.columns):
+        return None  # a sweep that did not record acceptance
     fixed = table[~table["strategy"].str.contains(":per_batch=|:recommended", regex=True)]
     for strategy in PREFERRED:
         rows = fixed[fixed["strategy"].str.partition(":")[0] == strategy].dropna(subset=["mean_accepted_tokens"])
-        rows = rows[rows["per_position_acceptance"].map(lambda x: bool(json.loads(x or "[]")))]
-        if not rows.empty:
-            longest = rows["per_position_acceptance"].map(lambda x: len(json.loads(x))).max()
-            rows = rows[rows["per_position_acceptance"].map(lambda x: len(json.loads(x))) == longest]
-            return rows.sort_values("concurrency").iloc[0]
+        depths = rows["per_position_acceptance"].map(lambda x: len(json.loads(x)) if isinstance(x, str) else 0)
+        if depths.max(initial=0) > 0:
+            return rows[depths == depths.max()].sort_values("concurrency").iloc[0]
     return None
 
 
