@@ -27,7 +27,7 @@ def example_row(table: pd.DataFrame) -> pd.Series | None:
     for strategy in PREFERRED:
         rows = fixed[fixed["strategy"].str.partition(":")[0] == strategy].dropna(subset=["mean_accepted_tokens"])
         depths = rows["per_position_acceptance"].map(lambda x: len(json.loads(x)) if isinstance(x, str) else 0)
-        if depths.max(initial=0) > 0:
+        if not depths.empty and depths.max() > 0:
             return rows[depths == depths.max()].sort_values("concurrency").iloc[0]
     return None
 
