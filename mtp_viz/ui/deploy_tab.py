@@ -57,8 +57,10 @@ SCHEDULE_NOTE = """**Which draft length at which load?** From the chosen step co
 speculative strategy measured at its longest fixed length, the draft length per number of concurrent
 sequences that maximises predicted throughput (0: off), as the table vLLM 0.32 takes in its
 speculative config (`num_speculative_tokens_per_batch_size`: batch from, batch to, draft tokens;
-past the last range vLLM keeps the last length). `bench --backend vllm --schedule auto` serves it and
-measures it beside the fixed lengths and plain decoding (the `per_batch=` rows above)."""
+past the last range vLLM keeps the last length), and the load from which plain serving (no speculative
+config) is recommended instead: a 0 in the table still runs vLLM's speculative path. `bench --backend vllm
+--schedule auto` serves it and measures it beside every fixed length and plain decoding (the `per_batch=`
+rows above), and the recommended configuration as its own rows (`:recommended`)."""
 
 
 def profiles() -> dict[str, Path]:

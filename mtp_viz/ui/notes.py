@@ -67,8 +67,12 @@ SERVING = """**Measured, not predicted: the same strategies on vLLM.** A real se
 `python -m mtp_viz bench --backend vllm` in its own environment) runs autoregressive decoding, n-gram
 drafting (our prompt lookup) and our shipped draft model on the same prompts, with 1 to 32 clients at
 once. Solid lines: its measured speedup over its own autoregressive decoding at the same number of
-clients. Dashed: what our load model above predicts for it. Where they part, the prediction misses
-what a real engine does: continuous batching, its scheduler, its own costs per step. Strategies vLLM
+clients. Dashed: what our load model predicts for it; with a profile measured as served (`profile
+--backend vllm`: the sweep's prompts from C clients on each server, prefills mixed in, each drafter's
+own prefill, the speculative path's cost when it drafts nothing) that is a request's decode steps
+times the served step plus its round of prefills, on each side. Where they part, the prediction
+misses something the engine does. A dotted line marks the load from which the recommendation is
+plain serving, and the worked example under the caption says why it sits there. Strategies vLLM
 has no counterpart for are not on it: lookahead (no Jacobi decoding), self-speculation (no early
 exit), MTP heads (vLLM's Medusa heads are independent per position; ours are sequential), ConfAdapt
 (unverified, lossy) and mask-token speculation (no mask-token drafting)."""
