@@ -155,3 +155,14 @@ def test_the_deploy_tab_draws_plain_serving_from_the_crossover_and_tells_why_in_
     assert "Worked example: prompt_lookup" in caption and "15.0 ms on every step" in caption
     assert f"from **{plain_from}** concurrent sequences plain serving" in caption
     assert "accepted at 0.90, 0.80, 0.70" in caption and "2.00 tokens a sequence and scored 4.00" in caption
+
+
+def test_a_fixed_length_variant_keeps_a_labels_other_settings():
+    from mtp_viz.serving.scheduled import is_recommended, length_variant, recommended_label
+
+    assert length_variant("prompt_lookup", 2) == "prompt_lookup:num_draft_tokens=2"
+    assert length_variant("eagle:depth=3", 1) == "eagle:depth=1"
+    assert length_variant("prompt_lookup:max_ngram_size=2:num_draft_tokens=3", 1) == (
+        "prompt_lookup:max_ngram_size=2:num_draft_tokens=1"
+    )
+    assert is_recommended(recommended_label("eagle:depth=3")) and not is_recommended("eagle:depth=3")
