@@ -40,6 +40,16 @@ def cpu_flags() -> str:
     return ""
 
 
+VECTOR_ISAS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("sve", "SVE"), ("asimd", "NEON"))  # widest first
+
+
+def vector_isa() -> str | None:
+    """The widest vector extension the CPU offers ("AVX-512", "AVX2", ...): two CPUs of one model
+    name ("AMD EPYC" in a VM) run the same kernels at very different speeds by it."""
+    flags = set(cpu_flags().split())
+    return next((name for flag, name in VECTOR_ISAS if flag in flags), None)
+
+
 def gpu_name(device: torch.device | str | None = None) -> str | None:
     if not torch.cuda.is_available():
         return None
@@ -61,6 +71,7 @@ def machine_info(device: torch.device | str | None = None) -> dict:
     """The machine a figure was measured on (plain data, for JSON)."""
     return {
         "cpu": cpu_model(),
+        "isa": vector_isa(),
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "gpu": gpu_name(device) if device is None or torch.device(device).type == "cuda" else None,
@@ -82,7 +93,8 @@ def machine_label(info: dict) -> str:
     if info.get("gpu"):
         return str(info["gpu"])
     threads = f", {info['threads']} threads" if info.get("threads") is not None else ""
-    return f"{info.get('cpu', 'unknown CPU')}{threads}"
+    isa = f" ({info['isa']})" if info.get("isa") else ""
+    return f"{info.get('cpu', 'unknown CPU')}{isa}{threads}"
 
 
 def describe(machine: dict) -> str:
