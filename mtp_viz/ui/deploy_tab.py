@@ -50,8 +50,9 @@ from mtp_viz.ui.temp_files import download_file
 from mtp_viz.viz import figures
 from mtp_viz.viz.crossover import example_row, worked_example
 
+PREFILL_NOTE = ", the prompts' prefill added to both sides at the engine's cost of a token"
 THIS_MACHINE = "this machine (measured in the Theory tab)"
-FIRST_SWEEP = "cpu-smollm2-135m-vllm-schedule"  # the sweep the serving section opens on
+FIRST_SWEEP = "cpu-avx2-smollm2-135m-vllm-served"  # the sweep the serving section opens on (its profile first)
 LOSSY_RESULTS = "cpu-smollm2-135m-mask"  # ConfAdapt's τ sweep and fixed k: the lossy table opens on it
 SCHEDULE_NOTE = """**Which draft length at which load?** From the chosen step costs and the acceptance each
 speculative strategy measured at its longest fixed length, the draft length per number of concurrent
@@ -92,8 +93,12 @@ def serving_views(sweep: Path | None, profile: Path | None):
     table = with_prediction(table, batch, c, prefill, view.served if view else None)
     machine = f"{machine_label(meta.get('machine', {}))}, vLLM {meta.get('vllm') or 'version not recorded'}"
     engine = view is not None and view.engine != "mtp-viz"
+    served = view is not None and view.served is not None
     costs = (
-        f"the step costs vLLM itself measured ({view.label}: `profile --backend vllm`), its drafters' cost per B"
+        f"vLLM's costs as served ({view.label}: `profile --backend vllm`): each request's decode steps times "
+        "its server's step and its round of prefills, on each side"
+        if served
+        else f"the step costs vLLM itself measured ({view.label}: `profile --backend vllm`), its drafters' cost per B"
         if engine
         else f"B × k timings of our engine on {view.label if view else 'no profile'}, the draft's c "
         + ("unknown" if c is None else f"{c:.3f}")
@@ -103,7 +108,11 @@ def serving_views(sweep: Path | None, profile: Path | None):
         f"Measured with {len(meta.get('prompts', []))} Spec-Bench prompts per concurrency level on {machine} "
         f"(`python -m mtp_viz bench --backend vllm`); predicted (dashed) from {costs}, and each strategy's "
         "tokens per step as vLLM measured them"
-        + (", the prompts' prefill added to both sides at the engine's cost of a token" if prefill else "")
+        + (
+            ", the prompts' prefill added to both sides at the engine's cost of a token"
+            if prefill and not served
+            else ""
+        )
         + ". error = (predicted − measured) / measured."
     )
     shown = table[[c for c in SERVING_COLUMNS if c in table]]
@@ -221,8 +230,14 @@ def lossy_under_load(results: Path | None, profile: Path | None) -> pd.DataFrame
 
 
 def serving_profiles(found: dict[str, Path]) -> dict[str, Path]:
-    """Profiles for the serving section: those measured on a serving engine first (its own costs)."""
-    return dict(sorted(found.items(), key=lambda item: read_profile(item[1]).engine == "mtp-viz"))
+    """Profiles for the serving section: those measured on a serving engine first (its own costs),
+    those with its costs as served before the lockstep ones."""
+
+    def order(item: tuple[str, Path]) -> tuple[bool, bool]:
+        view = read_profile(item[1])
+        return view.engine == "mtp-viz", view.served is None
+
+    return dict(sorted(found.items(), key=order))
 
 
 def with_load_figures(examples: dict[str, Path]) -> dict[str, Path]:

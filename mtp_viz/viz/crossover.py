@@ -14,6 +14,10 @@ from mtp_viz.served_costs import DRAFTING, ServedCosts, at, drafter_per_token, f
 PREFERRED = ("prompt_lookup", "eagle", "speculative")  # the strategy the example is told with, if measured
 
 
+def seconds(t: float) -> str:
+    return f"{t * 1e3:.0f} ms" if t < 1 else f"{t:.1f} s"
+
+
 def clients(n: int) -> str:
     return f"{n} client{'s' * (n != 1)}"
 
@@ -85,7 +89,7 @@ def worked_example(view: ProfileView | None, table: pd.DataFrame, rec: Recommend
         )
     prefill_high = at(costs.plain, high, "prefill_s")
     lines.append(
-        f"*Prefill is paid by both sides*: a round of {high} prompts costs {prefill_high * 1e3:.0f} ms, "
+        f"*Prefill is paid by both sides*: a round of {high} prompts costs {seconds(prefill_high)}, "
         f"{prefill_high / plain_high:.0f} plain decode steps, against {tokens - 1:.0f} decode steps a request: "
         "it pulls every ratio toward 1."
     )
