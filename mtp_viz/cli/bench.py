@@ -157,6 +157,15 @@ def _bench_vllm(args, prompts, strategies, base, settings_for) -> None:
             + (f"speculation off from {stop} sequences" if stop else "speculating at every concurrency")
             + ("" if schedule["served"] else " (never drafts: not served, plain decoding's rows measure it)")
         )
+        if schedule.get("recommended"):
+            plain = schedule.get("plain_from")
+            if plain == 1:
+                what = "plain serving (no speculative config) at every concurrency"
+            elif plain:
+                what = f"this table below {plain} sequences, plain serving (no speculative config) from {plain}"
+            else:
+                what = "this table at every concurrency"
+            print(f"recommended ({schedule['recommended']}): {what}")
     if args.compare_ours:
         engines = compare_engines(prompts, strategies, base, args.out, settings_for)
         print(engines.to_string(index=False, float_format=lambda x: f"{x:.3f}"))

@@ -28,6 +28,7 @@ from mtp_viz.labels import is_peer
 from mtp_viz.machine import machine_label
 from mtp_viz.profile import read_batch_profile, read_profile
 from mtp_viz.schedule import Recommendation, crossover, to_vllm
+from mtp_viz.served_costs import NOT_MODELLED, TERMS
 from mtp_viz.serving.prediction import with_prediction
 from mtp_viz.serving.scheduled import auto_schedule, family, longest_fixed
 from mtp_viz.serving.sweep import BASELINE, read_sweep
@@ -114,6 +115,7 @@ def serving_views(sweep: Path | None, profile: Path | None):
             else ""
         )
         + ". error = (predicted − measured) / measured."
+        + (f" Modelled: {'; '.join(TERMS)}. Not modelled: {'; '.join(NOT_MODELLED)}." if served else "")
     )
     shown = table[[c for c in SERVING_COLUMNS if c in table]]
     recs = recommendations(table, view)
