@@ -156,7 +156,8 @@ def deployable(
     """The best draft length at every B (0 included), and plain serving from the B on which no
     length is predicted to beat it by `margin` (the table keeps 0 there: a load above the expected
     one on the speculative server)."""
-    best = {b: best_length(costs, acceptance, b, max_k) for b in range(1, max_batch + 1)}
+    table = recommend(costs, acceptance, max_batch, max_k)
+    best = {b: length_at(table, b) for b in range(1, max_batch + 1)}
     gain = {b: predicted_speedup(costs, acceptance, b, k) for b, k in best.items()}
     plain_from = None
     for b in range(max_batch, 0, -1):

@@ -8,10 +8,8 @@ import math
 import pandas as pd
 
 from mtp_viz.profile import DraftCost, Prefill
-from mtp_viz.served_costs import ServedCosts, served_speedup
+from mtp_viz.served_costs import DRAFTING, ServedCosts, served_speedup
 from mtp_viz.theory import concurrency_speedup, interpolated
-
-DRAFTING = ("speculative", "eagle")  # a drafter forward per drafted token: its cost ratio c counts
 
 
 def predicted(

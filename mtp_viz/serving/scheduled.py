@@ -22,6 +22,7 @@ from mtp_viz.schedule import (
     parse_table,
 )
 from mtp_viz.schedule import to_vllm as table_to_vllm
+from mtp_viz.served_costs import DRAFTING
 from mtp_viz.serving.backend import VLLMPlan
 from mtp_viz.serving.methods import server_args
 from mtp_viz.strategies.variants import parse_variant
@@ -29,7 +30,6 @@ from mtp_viz.strategies.variants import parse_variant
 AUTO = "auto"
 PER_BATCH = "per_batch"  # a sweep label's suffix: "prompt_lookup:per_batch=1-2:3,3-32:0"
 RECOMMENDED = "recommended"  # a sweep label's suffix: the recommended configuration at each level
-DRAFTING = ("speculative", "eagle")  # each drafted token costs a drafter forward
 LENGTH_SETTING = {"eagle": "depth"}  # the setting that sets a strategy's draft length (else num_draft_tokens)
 
 
