@@ -127,6 +127,15 @@ def request_cost(
     return None if one is None or pre is None else decode_steps * one + pre
 
 
+def decode_rates(tokens: float, tokens_per_forward: float, scored_per_forward: float) -> tuple[float, float]:
+    """(tokens a decode step gave a sequence, tokens it scored) from a request's tokens and the
+    per-forward figures a sweep measured, which count the prefill's forward (one token, nothing
+    drafted) among the forwards."""
+    forwards = tokens / tokens_per_forward
+    decode = max(forwards - 1.0, 1e-9)
+    return max(1.0, (tokens - 1.0) / decode), 1.0 + (scored_per_forward - 1.0) * forwards / decode
+
+
 def served_speedup(
     costs: ServedCosts, strategy: str, c: float, tokens: float, tokens_per_step: float, scored: float, prompt: float
 ) -> float | None:

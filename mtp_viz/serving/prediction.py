@@ -8,7 +8,7 @@ import math
 import pandas as pd
 
 from mtp_viz.profile import DraftCost, Prefill
-from mtp_viz.served_costs import DRAFTING, ServedCosts, served_speedup
+from mtp_viz.served_costs import DRAFTING, ServedCosts, decode_rates, served_speedup
 from mtp_viz.theory import concurrency_speedup, interpolated
 
 
@@ -90,10 +90,7 @@ def served_prediction(row: pd.Series, costs: ServedCosts) -> float:
     if any(pd.isna(v) for v in values) or not row["requests"] or pd.isna(row.get("prompt_tokens", math.nan)):
         return math.nan
     tokens = float(row["new_tokens"]) / float(row["requests"])
-    forwards = tokens / float(row["mean_accepted_tokens"])  # the prefill's forward among them
-    decode = max(forwards - 1.0, 1e-9)
-    per_step = max(1.0, (tokens - 1.0) / decode)
-    scored = 1.0 + (float(row["scored_per_forward"]) - 1.0) * forwards / decode  # the prefill drafts nothing
+    per_step, scored = decode_rates(tokens, float(row["mean_accepted_tokens"]), float(row["scored_per_forward"]))
     value = served_speedup(costs, strategy, int(row["concurrency"]), tokens, per_step, scored, row["prompt_tokens"])
     return math.nan if value is None else value
 

@@ -9,7 +9,7 @@ import pandas as pd
 
 from mtp_viz.profile import ProfileView
 from mtp_viz.schedule import Recommendation
-from mtp_viz.served_costs import DRAFTING, ServedCosts, at, drafter_per_token, forced_step, served_speedup
+from mtp_viz.served_costs import DRAFTING, ServedCosts, at, decode_rates, drafter_per_token, forced_step, served_speedup
 
 PREFERRED = ("prompt_lookup", "eagle", "speculative")  # the strategy the example is told with, if measured
 
@@ -46,9 +46,7 @@ def worked_example(view: ProfileView | None, table: pd.DataFrame, rec: Recommend
     costs: ServedCosts = view.served
     label, strategy = str(row["strategy"]), str(row["strategy"]).partition(":")[0]
     tokens = float(row["new_tokens"]) / float(row["requests"])
-    forwards = tokens / float(row["mean_accepted_tokens"])
-    per_step = (tokens - 1) / max(forwards - 1, 1e-9)
-    scored = 1 + (float(row["scored_per_forward"]) - 1) * forwards / max(forwards - 1, 1e-9)
+    per_step, scored = decode_rates(tokens, float(row["mean_accepted_tokens"]), float(row["scored_per_forward"]))
     positions = ", ".join(f"{p:.2f}" for p in json.loads(row["per_position_acceptance"]))
     low, high = min(costs.sizes), max(costs.sizes)
     lines = [f"**Worked example: {label}, from this profile ({view.label}) and the acceptance this sweep measured.**"]
