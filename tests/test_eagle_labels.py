@@ -61,7 +61,7 @@ def test_labels_from_a_feature_store_are_the_targets_next_tokens(target, tmp_pat
     identity = torch.arange(target.model.config.vocab_size)
     train_cfg = eagle.EagleTrainConfig()
     order = store.indices(False) + store.indices(True)
-    exs = [e for split in (False, True) for e in eagle.store_examples(store, identity, train_cfg, split)]
+    exs = [e for split in (False, True) for e in eagle.store_examples(store, LAYERS, identity, train_cfg, split)]
     assert check(target.model, exs, [int(store.prompt_len[s]) for s in order], train_cfg) > 50
 
 

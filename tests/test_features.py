@@ -3,6 +3,7 @@ batched teacher-forced forwards, memory-mapped, resumable: each sequence's array
 forward of that sequence alone gives, and a stopped build finishes to the same store."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,10 +11,12 @@ import torch
 
 from mtp_viz.cli import main
 from mtp_viz.drafters.eagle3 import load_eagle3
+from mtp_viz.drafters.eagle3_config import default_aux_layer_ids
 from mtp_viz.errors import UserError
 from mtp_viz.loading import load_model
 from mtp_viz.training import features, heads
 from mtp_viz.training.corpus import OURS, CorpusConfig, make, read_records
+from mtp_viz.training.eagle_examples import EagleTrainConfig, collate, store_examples
 from mtp_viz.training.features import FeatureConfig, FeatureStore, build
 
 CORPUS = CorpusConfig(
@@ -71,7 +74,10 @@ def test_the_command_builds_the_store_of_a_finished_corpus_and_refuses_an_unfini
     assert main(["train", "features", "--model", "tiny", "--data", str(corpus), "--out", str(tmp_path / "f")]) == 0
     assert "features of" in capsys.readouterr().out
     store = FeatureStore(tmp_path / "f")
-    assert store.arrays["aux"].shape[1] == 3 * store.arrays["hidden"].shape[1]  # vLLM's three default layers
+    layers = store.meta["made_from"]["config"]["aux_layers"]
+    assert layers == list(features.store_layers(2))  # vLLM's default and the last layer's input
+    assert {*default_aux_layer_ids(2), 1} == set(layers)
+    assert store.arrays["aux"].shape[1] == len(layers) * store.arrays["hidden"].shape[1]
     assert main(["train", "features", "--model", "tiny", "--data", str(tmp_path / "none"), "--out", "g"]) == 2
     assert "no finished corpus" in capsys.readouterr().err
 
@@ -82,7 +88,7 @@ def test_eagle_trains_from_the_store_on_its_split(corpus, tmp_path, capsys):
     args = ["train", "eagle", "--model", "tiny", "--data", str(store), "--out", str(tmp_path / "e"), "--vocab", "20"]
     assert main([*args, "--ttt-steps", "2", "--epochs", "1"]) == 0
     report = json.loads((tmp_path / "e" / "training.json").read_text())
-    assert report["aux_layers"] == FeatureStore(store).meta["made_from"]["config"]["aux_layers"]
+    assert report["aux_layers"] == list(default_aux_layer_ids(2))  # read from the store, which holds more
     assert report["train_sequences"] == len(FeatureStore(store).indices(validation=False))
 
 
@@ -154,3 +160,24 @@ def test_heads_read_the_store_in_place_as_they_read_copied_sequences(corpus, tmp
     assert json.loads((out / "training.json").read_text())["train_positions"] == len(
         heads.store_positions(store, index, 3)[0].record
     )
+
+
+def test_eagle_examples_read_the_layers_asked_of_a_store_that_holds_more(corpus, tmp_path):
+    """A store of layers (0, 1, 2) serves a drafter of (2, 0): each example's features are those
+    blocks, in that order, read only when collated; a layer the store lacks is refused by name; the
+    validation side is cut to sequences spread over it when it exceeds `val_tokens`."""
+    model = load_model("tiny", "cpu", "float32").model
+    store = FeatureStore(build(model, corpus, tmp_path / "f", FeatureConfig(aux_layers=(0, 1, 2), top_k=4)))
+    cfg, identity = EagleTrainConfig(), torch.arange(model.config.vocab_size)
+    pending = store_examples(store, (2, 0), identity, cfg, validation=False)
+    h = model.config.hidden_size
+    for s, item in zip(store.indices(False), pending, strict=True):
+        aux = store.sequence(s)["aux"]
+        expected = torch.cat([aux[:, 2 * h : 3 * h], aux[:, :h]], -1)
+        torch.testing.assert_close(collate([item])["features"][0, : len(item.tokens)], expected)
+    with pytest.raises(UserError, match=r"not \(3,\)"):
+        store_examples(store, (0, 3), identity, cfg, validation=False)
+    every = store.indices(True)
+    sizes = [len(store.sequence(s)["tokens"]) for s in every]
+    cut = store_examples(store, (0,), identity, replace(cfg, val_tokens=sum(sizes) // 2), validation=True)
+    assert 0 < len(cut) < len(every) and cut[0].tokens.equal(store.sequence(every[0])["tokens"])

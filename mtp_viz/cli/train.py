@@ -7,7 +7,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from mtp_viz.cli.options import given
-from mtp_viz.drafters.eagle3_config import default_aux_layer_ids
 from mtp_viz.errors import UserError
 from mtp_viz.loading import load_model, model_name
 from mtp_viz.paths import cache_root
@@ -16,7 +15,7 @@ from mtp_viz.training.corpus import MANIFEST as CORPUS_MANIFEST
 from mtp_viz.training.data import MANIFEST, DataConfig, generate
 from mtp_viz.training.draft import DraftTrainConfig, train_draft
 from mtp_viz.training.eagle import EagleTrainConfig, train_eagle
-from mtp_viz.training.features import FeatureConfig, is_store
+from mtp_viz.training.features import FeatureConfig, is_store, store_layers
 from mtp_viz.training.features import build as build_features
 from mtp_viz.training.heads import HeadsTrainConfig, train_heads
 from mtp_viz.training.loop import SCHEDULES, TrainJob
@@ -142,13 +141,14 @@ def cmd_corpus(args: argparse.Namespace) -> None:
 
 def cmd_features(args: argparse.Namespace) -> None:
     """The feature store of a finished corpus (--data, default the model's corpus folder) in --out
-    (default: its features/ folder), for the EAGLE-3 aux layers given or vLLM's default."""
+    (default: its features/ folder), for the EAGLE-3 aux layers given or vLLM's default and the last
+    layer's input (features.store_layers)."""
     target = load_model(model_name(args.model, args.device), args.device, "float32")
     corpus = args.data or cache_root() / "corpus" / target.name
     manifest = corpus / CORPUS_MANIFEST
     if not manifest.is_file() or not json.loads(manifest.read_text()).get("complete"):
         raise UserError(f"no finished corpus in {corpus}; make it first: python -m mtp_viz train corpus")
-    layers = aux_layers(args) or default_aux_layer_ids(target.model.config.num_hidden_layers)
+    layers = aux_layers(args) or store_layers(target.model.config.num_hidden_layers)
     folder = build_features(target.model, corpus, args.out or corpus / "features", FeatureConfig(layers))
     print(f"features of {corpus} in {folder}")
 

@@ -35,6 +35,7 @@ from mtp_viz.training.draft import batches_of
 from mtp_viz.training.eagle_examples import (
     EagleTrainConfig,
     Example,
+    Pending,
     cache_features,
     collate,
     examples,
@@ -159,7 +160,7 @@ def losses(drafter: Eagle3Drafter, batch: dict[str, torch.Tensor], cfg: EagleTra
 
 
 @torch.no_grad()
-def agreement(drafter: Eagle3Drafter, exs: list[Example], steps: int, budget: int = 4096) -> dict[str, float]:
+def agreement(drafter: Eagle3Drafter, exs: list[Example | Pending], steps: int, budget: int = 4096) -> dict[str, float]:
     """Teacher-forced, on answer positions (weight 1): per step, top-1 agreement with the target's
     argmax (a label outside the draft vocabulary is a miss); and the tokens a greedy chain of
     `steps` drafts yields per target forward, 1 + Σ_j P(drafts 1..j right), over chains whose
@@ -196,10 +197,9 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
     if cfg.regression_weight and store is None:
         raise UserError("the regression needs the target's final hidden states: train from a feature store")
     layers = tuple(cfg.aux_layers or default_aux_layer_ids(model.config.num_hidden_layers))
-    if store is not None:
-        layers = tuple(store.meta["made_from"]["config"]["aux_layers"])
-        if cfg.aux_layers and tuple(cfg.aux_layers) != layers:
-            raise UserError(f"the features in {job.data} are of layers {layers}, not {tuple(cfg.aux_layers)}")
+    if store is not None and not cfg.aux_layers:  # vLLM's default where the store has it, else the store's
+        stored = tuple(store.meta["made_from"]["config"]["aux_layers"])
+        layers = layers if set(layers) <= set(stored) else stored
     if job.start_from is not None:
         drafter = load_eagle3(job.start_from, embed=model.get_input_embeddings())
         layers = drafter.config.aux_layer_ids
@@ -215,8 +215,8 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
     drafter.train()
     index = drafter.to_draft_index()
     if store is not None:  # a corpus's feature store: its layers, its split
-        train_exs = store_examples(store, index, cfg, validation=False)
-        val_exs = store_examples(store, index, cfg, validation=True)
+        train_exs = store_examples(store, layers, index, cfg, validation=False)
+        val_exs = store_examples(store, layers, index, cfg, validation=True)
         if not train_exs or not val_exs:
             raise UserError(f"the features in {job.data} need sequences on both sides of the split")
     else:
@@ -231,9 +231,8 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
         coverage = vocab_coverage(seqs, index)
         job.log(f"eagle: the draft vocabulary holds {coverage:.1%} of the held-out answers' target tokens")
 
-    def epoch_batches(epoch: int) -> list[dict[str, torch.Tensor]]:
-        rng = random.Random(cfg.loop.seed * 1000 + epoch)
-        return [collate(group) for group in batches_of(train_exs, cfg.tokens_per_batch, rng)]
+    def epoch_batches(epoch: int) -> list[list]:  # collated one step at a time (loss_fn): RAM stays flat
+        return batches_of(train_exs, cfg.tokens_per_batch, random.Random(cfg.loop.seed * 1000 + epoch))
 
     def validate() -> dict[str, float]:
         drafter.eval()
@@ -250,7 +249,7 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
     def on_step(step: int) -> None:  # the head learns only once the body has had frozen_head_steps
         drafter.lm_head.weight.requires_grad_(step >= cfg.frozen_head_steps)
 
-    loss_fn = lambda batch: losses(drafter, batch, cfg)  # noqa: E731
+    loss_fn = lambda group: losses(drafter, collate(group), cfg)  # noqa: E731
     history = job.train(params, epoch_batches, loss_fn, validate, cfg.loop, on_step)
     drafter.eval()
     drafter.embed_tokens = None  # the target's, shared: not saved, and not to be cast

@@ -1,7 +1,10 @@
 """What EAGLE-3 training reads (mtp_viz.training.eagle): its settings, and each sequence as an
 Example: the tokens it reads, the target's features at its aux layers, and the labels it is scored
 against in draft ids, from a corpus's feature store, from the older self-distillation set (features
-computed once and cached beside it) or from sequences at hand (the held-out set).
+computed once and cached beside it) or from sequences at hand (the held-out set). A store's
+sequences become examples only when a batch is collated (Pending), so RAM stays flat however
+large the corpus; a store may hold more aux layers than a drafter reads (the layer ablation
+trains from one store).
 """
 
 import time
@@ -35,6 +38,7 @@ class EagleTrainConfig:
     regression_weight: float = 0.0  # smooth-L1 of each step's normed state to the target's (EAGLE-1's term)
     frozen_head_steps: int = 0  # the head (initialised from the target's rows) frozen for this many steps
     vocab_from: str = "all"  # the draft vocabulary from every token (all) or the answers' only (answers)
+    val_tokens: int = 65536  # a store's validation side scored at every evaluation: sequences spread over it
     loop: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=4, lr=5e-4, eval_every=100))
 
 
@@ -49,6 +53,31 @@ class Example:
     topk_p: torch.Tensor  # (n, K) renormalised over the draft vocabulary
     weight: torch.Tensor  # (n,) loss weight of a label at position p (0: none)
     hidden: torch.Tensor | None = None  # (n, H) float16: the target's final hidden state (regression; else None)
+
+    def ready(self) -> "Example":
+        return self
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A store's sequence, made an Example only when collated: its arrays stay memory-mapped
+    until then. `pick`: which of the store's aux layers (blocks of `features`) the drafter reads."""
+
+    seq: Sequence
+    features: torch.Tensor  # (n, A_store·H) view
+    pick: tuple[int, ...]
+    blocks: int  # A_store
+    index: torch.Tensor
+    cfg: "EagleTrainConfig"
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.seq.tokens
+
+    def ready(self) -> Example:
+        h = self.features.shape[1] // self.blocks
+        features = torch.cat([self.features[:, i * h : (i + 1) * h] for i in self.pick], -1)
+        return example(self.seq, features, self.index, self.cfg)
 
 
 def vocab_tokens(s: Sequence, source: str) -> torch.Tensor:
@@ -104,10 +133,25 @@ def examples(data: Path, folder: Path, index: torch.Tensor, cfg: EagleTrainConfi
     return [example(s, f, index, cfg) for i, (s, f) in enumerate(chosen) if (i % cfg.holdout_every == 0) == holdout]
 
 
-def store_examples(store: FeatureStore, index: torch.Tensor, cfg: EagleTrainConfig, validation: bool) -> list[Example]:
-    """The store's training (or validation: the corpus's split, by source) sequences as examples;
-    their arrays stay memory-mapped until a batch reads them."""
-    return [example(store_sequence(store, s), store.sequence(s)["aux"], index, cfg) for s in store.indices(validation)]
+def store_examples(
+    store: FeatureStore, layers: tuple[int, ...], index: torch.Tensor, cfg: EagleTrainConfig, validation: bool
+) -> list[Pending]:
+    """The store's training (or validation: the corpus's split, by source) sequences, to become
+    examples when collated, reading `layers` of the store's aux layers; the validation side is
+    cut to about `cfg.val_tokens` tokens of sequences spread over it (every evaluation scores them)."""
+    stored = tuple(store.meta["made_from"]["config"]["aux_layers"])
+    if missing := [k for k in layers if k not in stored]:
+        raise UserError(f"the features in {store.folder} hold aux layers {stored}, not {tuple(missing)}")
+    pick = tuple(stored.index(k) for k in layers)
+    chosen = store.indices(validation)
+    if validation:
+        chosen = spread(chosen, [int(store.starts[s + 1] - store.starts[s]) for s in chosen], cfg.val_tokens)
+    return [Pending(store_sequence(store, s), store.sequence(s)["aux"], pick, len(stored), index, cfg) for s in chosen]
+
+
+def spread(items: list[int], sizes: list[int], budget: int) -> list[int]:
+    """Every k-th item, k the smallest stride whose share of the sizes fits about `budget`."""
+    return items[:: max(1, -(-sum(sizes) // max(1, budget)))]
 
 
 def example(s: Sequence, features: torch.Tensor, index: torch.Tensor, cfg: EagleTrainConfig) -> Example:
@@ -137,8 +181,9 @@ def example(s: Sequence, features: torch.Tensor, index: torch.Tensor, cfg: Eagle
     )
 
 
-def collate(exs: list[Example]) -> dict[str, torch.Tensor]:
+def collate(items: list[Example | Pending]) -> dict[str, torch.Tensor]:
     """Right-padded batch tensors (padding has weight 0)."""
+    exs = [item.ready() for item in items]
     length = max(len(e.tokens) for e in exs)
     b, k = len(exs), exs[0].topk_ids.shape[1]
     batch = {

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from mtp_viz.drafters.eagle3_config import default_aux_layer_ids
 from mtp_viz.errors import UserError
 from mtp_viz.measured import stamp, write_atomically
 from mtp_viz.training.corpus import VALIDATION, read_records
@@ -41,6 +42,12 @@ class FeatureConfig:
     aux_layers: tuple[int, ...]
     top_k: int = 16
     max_tokens: int = 2048  # a longer sequence is cut at the end (its prompt kept)
+
+
+def store_layers(num_layers: int) -> tuple[int, ...]:
+    """The aux layers a store keeps by default: vLLM's EAGLE-3 default (2, L/2, L−3) and the last
+    layer's input (L−1), so the layer ablation (2, L/2, L−1) trains from the same store."""
+    return tuple(sorted({*default_aux_layer_ids(num_layers), num_layers - 1}))
 
 
 def is_store(folder: Path) -> bool:
