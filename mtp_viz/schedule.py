@@ -153,17 +153,20 @@ class Recommendation:
 def deployable(
     costs: StepCosts, acceptance: Acceptance, max_batch: int, max_k: int = MAX_DRAFT, margin: float = MARGIN
 ) -> Recommendation:
-    """The best draft length at every B (0 included), and plain serving from the B on which no
-    length is predicted to beat it by `margin` (the table keeps 0 there: a load above the expected
-    one on the speculative server)."""
+    """The best draft length at every B (0 included), and plain serving from the B that leaves
+    speculation the most predicted gain over `margin` below it (Σ log(gain / (1 + margin)) over
+    B < plain_from, the smallest such B on a tie): where speculation stops paying, and never a
+    dip below plain left speculating between loads where it pays (the table keeps 0 from there:
+    a load above the expected one on the speculative server)."""
     table = recommend(costs, acceptance, max_batch, max_k)
     best = {b: length_at(table, b) for b in range(1, max_batch + 1)}
     gain = {b: predicted_speedup(costs, acceptance, b, k) for b, k in best.items()}
-    plain_from = None
-    for b in range(max_batch, 0, -1):
-        if gain[b] >= 1.0 + margin:
-            break
-        plain_from = b
+    kept = [0.0]  # kept[p - 1]: what speculating below B = p keeps
+    for b in range(1, max_batch + 1):
+        kept.append(kept[-1] + math.log(max(gain[b], 1e-9) / (1.0 + margin)))
+    top = max(kept)
+    crossover = 1 + min(i for i, v in enumerate(kept) if v >= top - 1e-12)
+    plain_from = None if crossover > max_batch else crossover
     lengths = [best[b] if plain_from is None or b < plain_from else 0 for b in range(1, max_batch + 1)]
     predicted = {b: gain[b] if plain_from is None or b < plain_from else 1.0 for b in best}
     return Recommendation(compress(lengths), plain_from, predicted)

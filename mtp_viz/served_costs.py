@@ -136,6 +136,29 @@ def decode_rates(tokens: float, tokens_per_forward: float, scored_per_forward: f
     return max(1.0, (tokens - 1.0) / decode), 1.0 + (scored_per_forward - 1.0) * forwards / decode
 
 
+@dataclass(frozen=True)
+class ServedRequest:
+    """What a sweep row's requests were: output tokens each, tokens a decode step gave a sequence
+    and scored (decode_rates), and prompt tokens."""
+
+    tokens: float
+    per_step: float
+    scored: float
+    prompt: float
+
+
+def served_request(row: Mapping) -> ServedRequest | None:
+    """A sweep row's request (its mean over the row's requests); None where the row lacks a figure
+    the served model needs (an older sweep without `prompt_tokens`, a row with no requests)."""
+    names = ("new_tokens", "requests", "mean_accepted_tokens", "scored_per_forward", "prompt_tokens")
+    values = [row.get(name) for name in names]
+    if any(v is None or v != v for v in values) or float(row["requests"]) <= 0:  # v != v: NaN
+        return None
+    tokens = float(row["new_tokens"]) / float(row["requests"])
+    per_step, scored = decode_rates(tokens, float(row["mean_accepted_tokens"]), float(row["scored_per_forward"]))
+    return ServedRequest(tokens, per_step, scored, float(row["prompt_tokens"]))
+
+
 def served_speedup(
     costs: ServedCosts, strategy: str, c: float, tokens: float, tokens_per_step: float, scored: float, prompt: float
 ) -> float | None:

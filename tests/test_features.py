@@ -175,6 +175,12 @@ def test_eagle_examples_read_the_layers_asked_of_a_store_that_holds_more(corpus,
         aux = store.sequence(s)["aux"]
         expected = torch.cat([aux[:, 2 * h : 3 * h], aux[:, :h]], -1)
         torch.testing.assert_close(collate([item])["features"][0, : len(item.tokens)], expected)
+    short = replace(cfg, max_tokens=5)  # a sequence is trained on as its last 5 tokens, and batched so
+    for s, item in zip(store.indices(False), store_examples(store, (2, 0), identity, short, False), strict=True):
+        aux, tokens = store.sequence(s)["aux"], store.sequence(s)["tokens"]
+        assert item.tokens.equal(tokens[-5:])
+        expected = torch.cat([aux[-5:, 2 * h : 3 * h], aux[-5:, :h]], -1)
+        torch.testing.assert_close(collate([item])["features"][0, : len(item.tokens)], expected)
     with pytest.raises(UserError, match=r"not \(3,\)"):
         store_examples(store, (0, 3), identity, cfg, validation=False)
     every = store.indices(True)

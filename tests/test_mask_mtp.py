@@ -17,7 +17,16 @@ from mtp_viz.projections import StackedLoRA
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.strategies.mask_spec import MAX_K
 from mtp_viz.training.data import Sequence
-from mtp_viz.training.mask import Region, leading_correct, pack, student_and_teacher, teacher_inputs
+from mtp_viz.training.mask import (
+    MaskTrainConfig,
+    Region,
+    fitted,
+    leading_correct,
+    pack,
+    sample_regions,
+    student_and_teacher,
+    teacher_inputs,
+)
 
 V = 8  # small, so random mask guesses are sometimes right and verification both accepts and rejects
 PROMPTS = ([3, 1, 5, 3, 1], [0, 1, 2, 3], [7, 7, 2], [4, 2, 6, 1, 0, 5])
@@ -129,6 +138,23 @@ def test_teacher_inputs_and_leading_runs_on_a_scripted_student():
     assert teacher_inputs(packed, student).tolist() == [9, 11, 12, 9, 21]  # first, then the student's own
     right = torch.tensor([True, False, True, True, True])
     assert leading_correct(packed, right).tolist() == [1, 2]
+
+
+def test_a_prompt_longer_than_the_window_is_cut_at_its_start_and_leaves_answer_regions():
+    """A corpus document's prompt (600 tokens) before a 100-token answer, in a 448-token window: the
+    prompt's start is cut so the whole answer fits (it crashed sampling regions before); a pack
+    with no region is never built."""
+    n, prompt = 700, 600
+    argmax = torch.arange(1, n, dtype=torch.int32)
+    long = Sequence(torch.arange(n, dtype=torch.int32), prompt, None, argmax, argmax[:, None], argmax[:, None].half())
+    cut = fitted(long, 448)
+    assert (cut.prompt_len, len(cut.tokens)) == (348, 448) and cut.tokens[0] == 252 and cut.argmax[0] == 253
+    assert fitted(cut, 448) is cut
+    regions = sample_regions([cut], MaskTrainConfig(), torch.Generator().manual_seed(0))
+    assert regions and all(347 <= r.anchor < 447 for r in regions)
+    packed = pack([cut], regions, 448)
+    assert packed.first.dtype == packed.mask_positions.dtype == torch.long
+    assert pack([cut], [], 448).first.dtype == torch.long  # no region: still index tensors
 
 
 @pytest.mark.parametrize("gating", [MASK_ONLY, EVERYWHERE])

@@ -10,7 +10,7 @@ import pytest
 
 from mtp_viz.profile import Profile, read_profile
 from mtp_viz.schedule import Acceptance, StepCosts, deployable, predicted_speedup
-from mtp_viz.served_costs import Level, ServedCosts, served_speedup, step
+from mtp_viz.served_costs import Level, ServedCosts, served_request, served_speedup, step
 from mtp_viz.serving import served_levels
 from mtp_viz.serving.client import Completion
 from mtp_viz.serving.in_vllm.forced_drafts import CODE_BASE
@@ -66,8 +66,11 @@ def test_a_sweep_row_is_predicted_from_its_own_tokens_per_step_and_a_recommended
     table = with_prediction(pd.DataFrame(rows), None, None, None, COSTS)
     assert table["predicted_speedup"].tolist() == pytest.approx([1060 / (24 * 24 + 100), 1.0, 1.0])
     assert table["prediction_error"].iloc[0] == pytest.approx((1060 / 676 - 1.5) / 1.5)
-    plain = pd.DataFrame([{**rows[0], "concurrency": 1}])
-    assert not math.isnan(with_prediction(plain, None, None, None, COSTS)["predicted_speedup"].iloc[0])
+    between = with_prediction(pd.DataFrame([{**rows[0], "concurrency": 4}]), None, None, None, COSTS)
+    at_8 = with_prediction(pd.DataFrame([{**rows[0], "concurrency": 8}]), None, None, None, COSTS)
+    assert at_8["predicted_speedup"].iloc[0] < between["predicted_speedup"].iloc[0] < 1060 / 676  # linear in C
+    older = pd.DataFrame([{k: v for k, v in rows[0].items() if k != "prompt_tokens"}])  # a sweep without it
+    assert math.isnan(with_prediction(older, None, None, None, COSTS)["predicted_speedup"].iloc[0])
 
 
 def test_the_recommendation_serves_plain_from_the_load_where_no_length_pays_by_the_margin():
@@ -166,3 +169,47 @@ def test_a_fixed_length_variant_keeps_a_labels_other_settings():
         "prompt_lookup:max_ngram_size=2:num_draft_tokens=1"
     )
     assert is_recommended(recommended_label("eagle:depth=3")) and not is_recommended("eagle:depth=3")
+
+
+def lookup_sweep(**extra) -> pd.DataFrame:
+    """A prompt-lookup row: 49 tokens a request, 2 a decode step, 3 drafts (the prediction test's)."""
+    row = {"strategy": "prompt_lookup", "concurrency": 1, "new_tokens": 196, "requests": 4, "prompt_tokens": 200.0,
+           "mean_accepted_tokens": 1.96, "scored_per_forward": 3.88, "speedup": 1.5,
+           "per_position_acceptance": "[1.0, 0.0, 0.0]"}  # fmt: skip
+    return pd.DataFrame([row | extra])
+
+
+def test_the_recommendation_prices_a_decode_step_as_the_rows_prediction_does():
+    """auto_schedule with costs as served reads the row's acceptance per decode step (its forwards
+    count the prefill's): the length the row ran with is predicted as the row is; a sweep without
+    prompt lengths falls back to the lockstep model instead of failing; no B past the profile's."""
+    from mtp_viz.profile import ProfileView
+    from mtp_viz.serving.scheduled import auto_schedule, row_acceptance, step_costs
+
+    lockstep = {1: {1: 1.0, 4: 1.2}, 8: {1: 1.0, 4: 4.0}}
+    view = ProfileView({1: 1.0}, None, "m", lockstep, None, "vllm", {1: 0.02, 8: 0.04}, served=COSTS)
+    table = lookup_sweep()
+    rec = auto_schedule(table, view, "prompt_lookup", 3, 32)
+    row_prediction = with_prediction(table, None, None, None, COSTS)["predicted_speedup"].iloc[0]
+    assert rec.table[0][0] == 1 and max(b for _, b, _ in rec.table) <= 8  # the profile measured C up to 8
+    request = served_request(table.iloc[0])
+    costs = step_costs(view, "prompt_lookup", (request.tokens, request.prompt))
+    acceptance = row_acceptance(table, "prompt_lookup", 3, request)
+    assert predicted_speedup(costs, acceptance, 1, 3) == pytest.approx(row_prediction, rel=1e-6)
+    per_forward = row_acceptance(table, "prompt_lookup", 3)  # what it read before: 1.96 a forward, not 2 a step
+    assert predicted_speedup(costs, per_forward, 1, 3) < row_prediction * 0.995
+    assert rec.predicted[1] >= row_prediction * (1 - 1e-6)  # its best length is at least the one the row ran
+    older = auto_schedule(table.drop(columns="prompt_tokens"), view, "prompt_lookup", 3, 32)
+    assert older.predicted[1] > 0  # the lockstep model: a number, not a KeyError
+
+
+def test_a_load_between_two_that_pay_is_not_left_speculating_below_plain(monkeypatch):
+    from mtp_viz import schedule
+
+    gains = {1: 1.10, 2: 0.97, 3: 1.05, 4: 0.90}
+    monkeypatch.setattr(schedule, "recommend", lambda *a: ((1, 4, 3),))
+    monkeypatch.setattr(schedule, "predicted_speedup", lambda costs, acc, b, k: gains[b] if k else 1.0)
+    rec = schedule.deployable(None, None, 4)
+    assert rec.plain_from == 2 and all(v >= 1.0 for v in rec.predicted.values())
+    gains.update({2: 1.2})  # now B = 1..3 all pay: plain from 4
+    assert schedule.deployable(None, None, 4).plain_from == 4

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 
 from mtp_viz.profile import DraftCost, Prefill
-from mtp_viz.served_costs import DRAFTING, ServedCosts, decode_rates, served_speedup
+from mtp_viz.served_costs import DRAFTING, ServedCosts, served_request, served_speedup
 from mtp_viz.theory import concurrency_speedup, interpolated
 
 
@@ -86,12 +86,10 @@ def served_prediction(row: pd.Series, costs: ServedCosts) -> float:
     strategy = str(row["strategy"]).partition(":")[0]
     if strategy == "autoregressive":
         return 1.0
-    values = [row.get(k, math.nan) for k in ("new_tokens", "requests", "mean_accepted_tokens", "scored_per_forward")]
-    if any(pd.isna(v) for v in values) or not row["requests"] or pd.isna(row.get("prompt_tokens", math.nan)):
+    req = served_request(row)
+    if req is None:
         return math.nan
-    tokens = float(row["new_tokens"]) / float(row["requests"])
-    per_step, scored = decode_rates(tokens, float(row["mean_accepted_tokens"]), float(row["scored_per_forward"]))
-    value = served_speedup(costs, strategy, int(row["concurrency"]), tokens, per_step, scored, row["prompt_tokens"])
+    value = served_speedup(costs, strategy, int(row["concurrency"]), req.tokens, req.per_step, req.scored, req.prompt)
     return math.nan if value is None else value
 
 

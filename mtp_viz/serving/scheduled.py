@@ -22,7 +22,7 @@ from mtp_viz.schedule import (
     parse_table,
 )
 from mtp_viz.schedule import to_vllm as table_to_vllm
-from mtp_viz.served_costs import DRAFTING
+from mtp_viz.served_costs import DRAFTING, ServedRequest, served_request
 from mtp_viz.serving.backend import VLLMPlan
 from mtp_viz.serving.methods import server_args
 from mtp_viz.strategies.variants import parse_variant
@@ -90,17 +90,21 @@ def step_costs(view: ProfileView, strategy: str, request: tuple[float, float] | 
     return StepCosts(view.batch_cost, view.one_token_s, draft, served, strategy, request or StepCosts.request)
 
 
-def row_acceptance(table: pd.DataFrame, label: str, k: int) -> Acceptance | None:
-    """The acceptance a sweep measured for a fixed-length label (its lowest concurrency's row)."""
+def row_acceptance(table: pd.DataFrame, label: str, k: int, request: ServedRequest | None = None) -> Acceptance | None:
+    """The acceptance a sweep measured for a fixed-length label (its lowest concurrency's row): per
+    forward, or per decode step where `request` (that row's, served_request) is given, as the
+    served costs price a decode step (a forward's figures count the prefill's among them)."""
     rows = table[table["strategy"] == label].sort_values("concurrency")
     if rows.empty or k < 1 or pd.isna(rows["mean_accepted_tokens"].iloc[0]):
         return None
     row = rows.iloc[0]
     positions = [float(x) for x in json.loads(row["per_position_acceptance"] or "[]")]
-    scored = float(row["scored_per_forward"])
+    accepted, scored = float(row["mean_accepted_tokens"]), float(row["scored_per_forward"])
+    if request is not None:
+        accepted, scored = request.per_step, request.scored
     if math.isnan(scored) or not positions:
         return None
-    return measured_acceptance(float(row["mean_accepted_tokens"]), scored, positions, k, family(label) in DRAFTING)
+    return measured_acceptance(accepted, scored, positions, k, family(label) in DRAFTING)
 
 
 def longest_fixed(table: pd.DataFrame, strategy: str) -> tuple[str, int] | None:
@@ -127,16 +131,16 @@ def _length_of(rows: pd.DataFrame) -> int:
 def auto_schedule(table: pd.DataFrame, view: ProfileView, label: str, k: int, max_batch: int) -> Recommendation:
     """The configuration our load model recommends for a fixed label's strategy from its measured
     acceptance, with drafts up to the length that label ran with (and the profile timed)."""
-    acceptance = row_acceptance(table, label, k)
+    rows = table[table["strategy"] == label].sort_values("concurrency")
+    # what a request of this sweep decodes and prefills (served costs); a sweep without it: lockstep
+    served = served_request(rows.iloc[0]) if view.served is not None and not rows.empty else None
+    acceptance = row_acceptance(table, label, k, served)
     if acceptance is None:
         raise UserError(f"{label} measured no acceptance to schedule from")
-    request = None
-    if view.served is not None:  # what a request of this sweep decodes and prefills
-        row = table[table["strategy"] == label].sort_values("concurrency").iloc[0]
-        request = (float(row["new_tokens"]) / max(1.0, float(row["requests"])), float(row["prompt_tokens"]))
-    costs = step_costs(view, family(label), request)
+    costs = step_costs(view, family(label), None if served is None else (served.tokens, served.prompt))
     if costs.served is not None:
         timed = max(costs.served.forced) - 1
+        max_batch = min(max_batch, max(costs.served.sizes))  # no prediction past the loads it measured
     else:
         timed = max(max(row) for row in view.batch_cost.values()) - 1  # drafts the profile timed
     # no longer than the fixed length measured: its acceptance is known only that far

@@ -72,11 +72,12 @@ class Pending:
 
     @property
     def tokens(self) -> torch.Tensor:
-        return self.seq.tokens
+        """The tokens it trains on (its last max_tokens, as the Example keeps): what batches are sized by."""
+        return self.seq.tokens[-self.cfg.max_tokens :]
 
     def ready(self) -> Example:
-        h = self.features.shape[1] // self.blocks
-        features = torch.cat([self.features[:, i * h : (i + 1) * h] for i in self.pick], -1)
+        h, kept = self.features.shape[1] // self.blocks, self.features[-self.cfg.max_tokens :]  # read no more
+        features = torch.cat([kept[:, i * h : (i + 1) * h] for i in self.pick], -1)
         return example(self.seq, features, self.index, self.cfg)
 
 
@@ -173,7 +174,7 @@ def example(s: Sequence, features: torch.Tensor, index: torch.Tensor, cfg: Eagle
     return Example(
         hidden=hidden,
         tokens=s.tokens.long()[cut:],
-        features=features[cut:],
+        features=features[-(n - cut) :],  # `features` may come cut already (Pending)
         argmax=argmax[cut:],
         topk_ids=torch.cat([ids, pad])[cut:],
         topk_p=torch.cat([p, torch.zeros(1, ids.shape[1])])[cut:],

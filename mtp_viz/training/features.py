@@ -180,16 +180,21 @@ def _forward(model, batch: list[list[int]], offsets: list[int], arrays: dict, cf
     out = model.model(input_ids=ids.to(device), output_hidden_states=True)  # causal: right padding unseen
     final = out.last_hidden_state  # (B, T, H), after the norm
     aux = torch.cat([out.hidden_states[i] for i in cfg.aux_layers], -1)  # layer i's input, as vLLM's EAGLE-3 reads
-    logp = torch.log_softmax(model.lm_head(final).float(), -1)
-    top = torch.topk(logp, cfg.top_k, dim=-1)
+    logits = model.lm_head(final).float()
+    top_logits, top_ids = torch.topk(logits, cfg.top_k, dim=-1)
+    top_logp = top_logits - torch.logsumexp(logits, -1, keepdim=True)  # log-probabilities, one vocabulary pass
+    del logits
+    for name, x in (("hidden", final), ("aux", aux)):  # fp16 holds ±65504: an overflow would poison training
+        if not torch.isfinite(x.half()).all():
+            raise RuntimeError(f"the target's {name} states overflow float16 in this batch; the store cannot hold them")
     for r, (s, at) in enumerate(zip(batch, offsets, strict=True)):
         m = len(s)
         arrays["tokens"][at : at + m] = np.asarray(s, dtype=np.int32)
-        argmax = top.indices[r, :m, 0].int().cpu().numpy().copy()
+        argmax = top_ids[r, :m, 0].int().cpu().numpy().copy()
         argmax[-1] = -1  # no next token to predict at the last position
         arrays["argmax"][at : at + m] = argmax
-        arrays["topk_ids"][at : at + m] = top.indices[r, :m].int().cpu().numpy()
-        arrays["topk_logp"][at : at + m] = top.values[r, :m].half().cpu().numpy()
+        arrays["topk_ids"][at : at + m] = top_ids[r, :m].int().cpu().numpy()
+        arrays["topk_logp"][at : at + m] = top_logp[r, :m].half().cpu().numpy()
         arrays["hidden"][at : at + m] = final[r, :m].half().cpu().numpy()
         arrays["aux"][at : at + m] = aux[r, :m].half().cpu().numpy()
 

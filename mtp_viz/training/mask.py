@@ -53,7 +53,7 @@ class MaskTrainConfig:
     gating: str = MASK_ONLY
     tokens_per_batch: int = 1024  # real tokens packed into one step
     region_density: float = 0.25  # regions per answer token
-    max_len: int = 448  # longer sequences are cut (prompt first, so answers keep their context)
+    max_len: int = 448  # longer sequences are cut: a long prompt's start first (fitted), then the end
     holdout_every: int = 20
     val_sequences: int = 12
     val_stride: int = 3  # validation regions at every n-th answer position, with k = k_max
@@ -124,11 +124,11 @@ def pack(seqs: list[Sequence], regions: list[Region], max_len: int) -> Packed:
         ids=torch.cat(ids),
         positions=torch.cat(positions),
         real_allowed=real_allowed,
-        mask_positions=torch.tensor(mask_positions),
+        mask_positions=torch.tensor(mask_positions, dtype=torch.long),
         mask_allowed=mask_allowed,
-        first=torch.tensor(first),
-        slot=torch.tensor(slot),
-        region=torch.tensor(region),
+        first=torch.tensor(first, dtype=torch.long),
+        slot=torch.tensor(slot, dtype=torch.long),
+        region=torch.tensor(region, dtype=torch.long),
     )
 
 
@@ -200,6 +200,17 @@ def untouched(view):
             m.enable_adapters(True)
 
 
+def fitted(s: Sequence, max_len: int) -> Sequence:
+    """The sequence with its prompt's start cut so that at least half of `max_len` (or the whole
+    answer) follows the prompt: a long prompt (a document) leaves answer positions to train on.
+    The window is a sequence of its own: the student and the teacher read the same context."""
+    answer = len(s.tokens) - s.prompt_len
+    cut = max(0, s.prompt_len - (max_len - min(answer, max_len // 2)))
+    if cut == 0:
+        return s
+    return Sequence(s.tokens[cut:], s.prompt_len - cut, None, s.argmax[cut:], s.topk_ids[cut:], s.topk_logp[cut:])
+
+
 def sample_regions(seqs: list[Sequence], cfg: MaskTrainConfig, generator: torch.Generator) -> list[Region]:
     regions = []
     for i, s in enumerate(seqs):
@@ -248,8 +259,10 @@ def train_mask(job: TrainJob, cfg: MaskTrainConfig) -> dict:
     seed_everything(cfg.loop.seed)
     started = time.perf_counter()
     base = job.target.model
-    train_seqs = list(training_sequences(job.data, cfg.holdout_every, holdout=False, hidden=False))
-    held = list(training_sequences(job.data, cfg.holdout_every, holdout=True, hidden=False))
+    read = lambda holdout: [  # noqa: E731
+        fitted(s, cfg.max_len) for s in training_sequences(job.data, cfg.holdout_every, holdout, hidden=False)
+    ]
+    train_seqs, held = read(False), read(True)
     val_seqs = held[:: max(1, len(held) // cfg.val_sequences)][: cfg.val_sequences]  # spread (a store: by length)
     if not train_seqs or not val_seqs:
         raise UserError(f"{job.data} holds too few sequences to train and validate on")
@@ -283,14 +296,17 @@ def train_mask(job: TrainJob, cfg: MaskTrainConfig) -> dict:
             for i, s in enumerate(seqs)
             for t in range(s.prompt_len - 1, min(len(s.tokens), cfg.max_len) - 2, cfg.val_stride)
         ]
-        val_packs.append(pack(seqs, regions, cfg.max_len))
+        if regions:
+            val_packs.append(pack(seqs, regions, cfg.max_len))
 
     def epoch_batches(epoch: int) -> list[tuple[list[Sequence], list[Region]]]:
         g = torch.Generator().manual_seed(cfg.loop.seed * 1000 + epoch)
         batches = []
         for group in packs(train_seqs, cfg.tokens_per_batch, cfg.max_len, torch.randperm(len(train_seqs), generator=g)):
             seqs = [train_seqs[i] for i in group]
-            batches.append((seqs, sample_regions(seqs, cfg, g)))
+            regions = sample_regions(seqs, cfg, g)
+            if regions:  # a pack of answers too short to hold a region trains nothing
+                batches.append((seqs, regions))
         return batches
 
     def loss_fn(batch) -> tuple[torch.Tensor, dict[str, float]]:

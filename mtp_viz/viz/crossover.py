@@ -9,7 +9,15 @@ import pandas as pd
 
 from mtp_viz.profile import ProfileView
 from mtp_viz.schedule import Recommendation
-from mtp_viz.served_costs import DRAFTING, ServedCosts, at, decode_rates, drafter_per_token, forced_step, served_speedup
+from mtp_viz.served_costs import (
+    DRAFTING,
+    ServedCosts,
+    at,
+    drafter_per_token,
+    forced_step,
+    served_request,
+    served_speedup,
+)
 
 PREFERRED = ("prompt_lookup", "eagle", "speculative")  # the strategy the example is told with, if measured
 
@@ -41,12 +49,12 @@ def worked_example(view: ProfileView | None, table: pd.DataFrame, rec: Recommend
     if view is None or view.served is None or table.empty:
         return ""
     row = example_row(table)
-    if row is None:
+    req = None if row is None else served_request(row)
+    if req is None:  # no strategy drafted, or an older sweep without its requests' prompt lengths
         return ""
     costs: ServedCosts = view.served
     label, strategy = str(row["strategy"]), str(row["strategy"]).partition(":")[0]
-    tokens = float(row["new_tokens"]) / float(row["requests"])
-    per_step, scored = decode_rates(tokens, float(row["mean_accepted_tokens"]), float(row["scored_per_forward"]))
+    tokens, per_step, scored, prompt = req.tokens, req.per_step, req.scored, req.prompt
     positions = ", ".join(f"{p:.2f}" for p in json.loads(row["per_position_acceptance"]))
     low, high = min(costs.sizes), max(costs.sizes)
     lines = [f"**Worked example: {label}, from this profile ({view.label}) and the acceptance this sweep measured.**"]
@@ -91,7 +99,6 @@ def worked_example(view: ProfileView | None, table: pd.DataFrame, rec: Recommend
         f"{prefill_high / plain_high:.0f} plain decode steps, against {tokens - 1:.0f} decode steps a request: "
         "it pulls every ratio toward 1."
     )
-    prompt = float(row["prompt_tokens"])
     served = {
         c: served_speedup(costs, strategy, c, tokens, per_step, scored, prompt) for c in costs.sizes
     }  # at this acceptance, every C
