@@ -159,7 +159,7 @@ def test_the_load_model_counts_the_eagle_drafters_cost():
     assert not uses_draft("prompt_lookup") and not uses_draft("autoregressive")
 
 
-def scheduled_reports(c, served, lengths):
+def scheduled_reports(c, served, lengths, report_plain=False):
     """What vLLM reports for the recorded output when its schedule gives each successive step the
     draft length in `lengths` (0: a plain step): a step drafts what vLLM's own n-gram proposer
     proposes there at that length (VLLM_DRAFTS), never what our replay computes."""
@@ -174,6 +174,9 @@ def scheduled_reports(c, served, lengths):
         i += 1
         if not kept:  # a plain step: a length of 0, or no match here
             placed.append((pos, 0))
+            if report_plain:  # counted by the engine with nothing drafted
+                drafted.append(0)
+                accepted.append(0)
             pos += 1
             continue
         a = next((j for j, t in enumerate(kept) if pos + j >= len(out) or t != out[pos + j]), len(kept))
@@ -209,13 +212,35 @@ def test_ngram_steps_under_a_schedule_are_placed_where_the_counts_fit(lengths):
         assert len(where) <= len(placed) and sum(d for _, d in where) == sum(d for _, d in placed)
 
 
-def test_counts_that_fit_no_placement_under_a_schedule_are_refused():
+def test_steps_the_engine_counted_with_nothing_drafted_are_placed_as_plain_steps():
+    c, served, _ = recorded("prompt_lookup")
+    served = replace(
+        served,
+        speculative_config={**served.speculative_config, "num_speculative_tokens_per_batch_size": [[1, 4, 3]]},
+    )
+    spec, placed = scheduled_reports(c, served, [3, 0], report_plain=True)
+    assert 0 in spec["per_step_drafted"]
+    trace = trace_from_completion(replace(c, metrics={**c.metrics, "speculative_decoding": spec}), served)
+    assert trace.machine["steps_placed_by"] == "ngram replay under a schedule, checked"
+    assert len(trace.steps) == 1 + len(placed) and trace.output_token_ids == c.token_ids
+
+
+def test_counts_that_fit_no_placement_under_a_schedule_are_kept_in_order_and_said_so():
+    """A sweep does not stop where the replay cannot place the steps: their counts stay exact, in
+    order, and the trace says how they were placed; counts that contradict themselves are refused."""
     c, served, _ = recorded("prompt_lookup")
     table = [[1, 32, 3]]
     served = replace(
         served, speculative_config={**served.speculative_config, "num_speculative_tokens_per_batch_size": table}
     )
     spec, _ = scheduled_reports(c, served, [3])
-    spec["per_step_accepted"] = [spec["per_step_accepted"][0] + 1, *spec["per_step_accepted"][1:]]
-    with pytest.raises(StepMismatch, match="no placement"):
+    first = next(i for i, a in enumerate(spec["per_step_accepted"]) if a >= 1)
+    spec["per_step_accepted"][first] -= 1  # the refused draft would equal the output: no placement
+    trace = trace_from_completion(replace(c, metrics={**c.metrics, "speculative_decoding": spec}), served)
+    assert trace.machine["steps_placed_by"].startswith("in order, the n-gram replay not fitting (no placement")
+    spec_steps = [s for s in trace.steps if s.drafted]
+    assert [len(s.drafted) for s in spec_steps] == spec["per_step_drafted"]
+    assert [s.accepted for s in spec_steps] == spec["per_step_accepted"]
+    spec["per_step_accepted"][first] = spec["per_step_drafted"][first] + 1  # more accepted than drafted
+    with pytest.raises(StepMismatch):
         trace_from_completion(replace(c, metrics={**c.metrics, "speculative_decoding": spec}), served)

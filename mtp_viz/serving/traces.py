@@ -73,18 +73,25 @@ def steps_from_completion(c: Completion, served: Served) -> tuple[list[Step], di
     pos, reported = 1, 0
     source = SOURCES.get(served.method or "", "draft")
     config = served.speculative_config or {}
-    if served.method == NGRAM and config.get(SCHEDULED):
-        placed = _scheduled_ngram(out, prompt, config, served.settings, drafted_counts, accepted_counts)
-        for at, draft_ids, n_acc in placed:
-            kv = len(prompt) + at - 1
-            if draft_ids:
-                steps.append(_verified(len(steps), out, at, list(draft_ids), n_acc, source, kv))
-            else:
-                steps.append(_plain(len(steps), out[at], 1, kv + 1))
-        return steps, {"placed_by": "ngram replay under a schedule, checked"}
+    replay = served.method == NGRAM
+    if replay and config.get(SCHEDULED):
+        try:
+            placed = _scheduled_ngram(out, prompt, config, served.settings, drafted_counts, accepted_counts)
+        except StepMismatch as e:  # the counts stay exact; where each step ran is not known
+            placed, replay, placed_by = None, False, f"in order, the n-gram replay not fitting ({e})"
+        if placed is not None:
+            for at, draft_ids, n_acc in placed:
+                kv = len(prompt) + at - 1
+                if draft_ids:
+                    steps.append(_verified(len(steps), out, at, list(draft_ids), n_acc, source, kv))
+                else:
+                    steps.append(_plain(len(steps), out[at], 1, kv + 1))
+            return steps, {"placed_by": "ngram replay under a schedule, checked"}
+    else:
+        placed_by = "ngram replay, checked" if replay else "in order"
     while pos < len(out):
         kv = len(prompt) + pos - 1
-        if served.method == NGRAM:
+        if replay:
             seq = np.asarray(prompt + out[:pos])
             k = min(config["num_speculative_tokens"], served.settings.get("max_model_len", 1 << 30) - len(seq))
             ids, _, _ = (
@@ -112,7 +119,7 @@ def steps_from_completion(c: Completion, served: Served) -> tuple[list[Step], di
         pos += len(steps[-1].emitted)
     if reported != len(drafted_counts):
         raise StepMismatch(f"vLLM reported {len(drafted_counts)} verify steps, {reported} fit the output")
-    return steps, {"placed_by": "ngram replay, checked" if served.method == NGRAM else "in order"}
+    return steps, {"placed_by": placed_by}
 
 
 def _ngram_ids(seq: list[int], config: dict, settings: dict) -> list[int]:
@@ -141,6 +148,8 @@ def _scheduled_ngram(
     path: list[tuple[int, tuple[int, ...], int]] = []
 
     def options(pos: int, r: int):
+        if r < len(drafted) and drafted[r] == 0:  # a step the engine counted with nothing drafted: a plain one
+            yield pos + 1, r + 1, (pos, (), 0)
         ids = _ngram_ids(prompt + out[:pos], config, settings)
         if ids and r < len(drafted):
             d, a = drafted[r], accepted[r]
