@@ -212,6 +212,29 @@ def test_ngram_steps_under_a_schedule_are_placed_where_the_counts_fit(lengths):
         assert len(where) <= len(placed) and sum(d for _, d in where) == sum(d for _, d in placed)
 
 
+def test_a_step_whose_accepted_drafts_the_budget_cut_is_placed_under_a_schedule():
+    """vLLM reports what a step accepted even where max_tokens cuts the output inside it (found on
+    the first real --schedule auto sweep: 2 of 44 requests)."""
+    c, served, _ = recorded("prompt_lookup")
+    served = replace(
+        served,
+        speculative_config={**served.speculative_config, "num_speculative_tokens_per_batch_size": [[1, 4, 3]]},
+    )
+    spec, placed = scheduled_reports(c, served, [3])
+    drafting = [p for p, d in placed if d]
+    r = next(i for i, a in enumerate(spec["per_step_accepted"]) if a >= 2)  # a step that kept 2 or more
+    end = drafting[r] + 1  # the budget ends the output after its first accepted draft
+    cut = replace(c, token_ids=c.token_ids[:end])
+    spec = {
+        **spec,
+        "per_step_drafted": spec["per_step_drafted"][: r + 1],
+        "per_step_accepted": spec["per_step_accepted"][: r + 1],
+    }
+    trace = trace_from_completion(replace(cut, metrics={**c.metrics, "speculative_decoding": spec}), served)
+    assert trace.machine["steps_placed_by"] == "ngram replay under a schedule, checked"
+    assert trace.output_token_ids == c.token_ids[:end] and len(trace.steps[-1].emitted) == 1
+
+
 def test_steps_the_engine_counted_with_nothing_drafted_are_placed_as_plain_steps():
     c, served, _ = recorded("prompt_lookup")
     served = replace(

@@ -154,7 +154,8 @@ def _scheduled_ngram(
         if ids and r < len(drafted):
             d, a = drafted[r], accepted[r]
             kept = ids[:d]
-            fits = 0 < d <= len(ids) and a <= d and out[pos : pos + a] == kept[:a]
+            # accepted drafts equal the output, as far as it goes (the budget may cut a step's)
+            fits = 0 < d <= len(ids) and a <= d and out[pos : pos + a] == kept[: min(a, len(out) - pos)]
             if fits and (a == d or pos + a >= len(out) or kept[a] != out[pos + a]):  # the refused one differs
                 yield pos + a + 1, r + 1, (pos, tuple(kept), a)
         if not ids or zero_allowed:
