@@ -53,7 +53,7 @@ from mtp_viz.viz.crossover import example_row, worked_example
 
 PREFILL_NOTE = ", the prompts' prefill added to both sides at the engine's cost of a token"
 THIS_MACHINE = "this machine (measured in the Theory tab)"
-FIRST_SWEEP = "cpu-avx2-smollm2-135m-vllm-auto"  # the sweep the serving section opens on (its profile first)
+FIRST_SWEEP = "cpu-avx2-smollm2-135m-vllm-served"  # the sweep the serving section opens on (its profile first)
 LOSSY_RESULTS = "cpu-smollm2-135m-mask"  # ConfAdapt's τ sweep and fixed k: the lossy table opens on it
 SCHEDULE_NOTE = """**Which draft length at which load?** From the chosen step costs and the acceptance each
 speculative strategy measured at its longest fixed length, the draft length per number of concurrent
