@@ -190,11 +190,14 @@ WIDE_HTML_JS = """() => Array.from(document.querySelectorAll('.mv-detail'))
 TABS = ("Explore", "Compare", "Theory", "Benchmark", "Deploy?")
 OPENS_WITHOUT_FIGURES = {"Compare"}  # its figures are drawn by a comparison
 SETTLE_LOOK_MS = 400  # between two looks at a tab's figures
+# points from plotly's own traces (_fullData): `data` keeps what was sent, and a numpy column arrives as
+# a typed-array spec ({dtype, bdata}) with no length; NaN while a figure is not drawn yet
 POINTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
   .filter(p => p.offsetParent !== null)
   .map(p => ({
     title: String((p.layout && p.layout.title && (p.layout.title.text || p.layout.title)) || '(untitled)'),
-    points: (p.data || []).reduce((n, t) => n + Math.max((t.x || []).length, (t.y || []).length), 0),
+    points: (p._fullData || []).reduce((n, t) => n + Math.max((t.x || []).length, (t.y || []).length), 0)
+      + (p._fullData ? 0 : NaN),
   }))"""
 
 
@@ -213,14 +216,15 @@ def test_every_tab_opens_on_figures_that_hold_data(page):
 
 def _settled_figures(page, tab: str, timeout_s: float = 30.0) -> list:
     """The shown tab's figures once drawn and laid out: every handler the app was running has
-    ended (a tab's opening draws its figures), and two looks a frame batch apart agree (plotly lays
-    a plot out again after its tab shows). Fails when they never settle."""
+    ended (a tab's opening draws its figures), every one has its traces (plotly's own), and two looks a
+    frame batch apart agree (plotly lays a plot out again after its tab shows). Fails when they never settle."""
     wait_until_idle(page.served)
     deadline = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < deadline:
         figures = page.evaluate(FIGURES_JS)
-        if figures == last:
+        drawn = all(f["points"] == f["points"] for f in page.evaluate(POINTS_JS))  # NaN: not drawn yet
+        if figures == last and drawn:
             return figures
         last = figures
         page.wait_for_timeout(SETTLE_LOOK_MS)
