@@ -31,15 +31,17 @@ pytestmark = pytest.mark.slow
 DEFAULT_FIGURES = {"Explore": 4, "Compare": 0, "Theory": 2, "Benchmark": 4, "Deploy?": 2}
 LOADS_WHEN_OPENED = {"Deploy?"}
 WAIT_MS = 60_000
+# points from plotly's own traces (_fullData): `data` keeps what was sent, and a numpy column arrives as
+# a typed-array spec ({dtype, bdata}) with no length, which would count as neither empty nor full
 POINTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
   .filter(p => p.offsetParent !== null)
   .map(p => ({
     title: String((p.layout && p.layout.title && (p.layout.title.text || p.layout.title)) || '(untitled)'),
-    points: (p.data || []).reduce(
+    points: (p._fullData || []).reduce(
       (n, t) => n + Math.max(...['x', 'y', 'z', 'values'].map(k => (t[k] || []).length)), 0),
   }))"""
 VISIBLE_FIGURES_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
-  .filter(p => p.offsetParent !== null).length"""
+  .filter(p => p.offsetParent !== null && p._fullData).length"""  # shown and drawn
 
 
 @pytest.fixture(scope="module", autouse=True)
