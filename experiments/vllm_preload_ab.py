@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from mtp_viz.loading.loaded import encode_chat
-from mtp_viz.prompts import SPEC_BENCH
+from mtp_viz.prompts import spec_bench
 from mtp_viz.runner import RunRequest
 from mtp_viz.serving.backend import open_server, plan
 from mtp_viz.serving.client import complete, completion_body
@@ -32,8 +32,7 @@ TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 
 def prompts(n: int) -> list[str]:
     seen, out = set(), []
-    for line in SPEC_BENCH.read_text().splitlines():
-        q = json.loads(line)
+    for q in spec_bench():
         if q["category"] not in seen:
             seen.add(q["category"])
             out.append(q["turns"][0])
