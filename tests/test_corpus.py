@@ -44,11 +44,11 @@ def test_a_build_writes_shards_resumes_where_it_stopped_and_splits_by_key(use_ti
     monkeypatch.setattr(corpus, "build", _stopping_after(corpus.build, 1))
     folder, stopped = make("tiny", tmp_path / "c", SMALL, engine=corpus.OURS)
     assert not stopped.get("complete") and len(stopped["shards"]) == 1 and asked == [4]
-    first_shard = (folder / "first-00000.jsonl").read_text()
+    first_shard = (folder / "first-00000.jsonl.gz").read_bytes()
 
     monkeypatch.setattr(corpus, "build", corpus.build.__wrapped__)
     folder, manifest = make("tiny", tmp_path / "c", SMALL, engine=corpus.OURS)
-    assert manifest["complete"] and (folder / "first-00000.jsonl").read_text() == first_shard  # not asked again
+    assert manifest["complete"] and (folder / "first-00000.jsonl.gz").read_bytes() == first_shard  # not asked again
     first, chat = list(read_records(folder, FIRST)), list(read_records(folder, CHAT))
     assert len(first) == 14 and sum(asked) == len(first) + len(chat)  # every prompt answered once, in all
     assert {r["source"] for r in first} == {"templates", "code", "documents", "math"}

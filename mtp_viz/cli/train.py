@@ -10,7 +10,7 @@ from mtp_viz.cli.options import given
 from mtp_viz.errors import UserError
 from mtp_viz.loading import load_model, model_name
 from mtp_viz.paths import cache_root
-from mtp_viz.training.corpus import AUTO, ENGINES, CorpusConfig, make
+from mtp_viz.training.corpus import AUTO, ENGINES, CorpusConfig, default_folder, make
 from mtp_viz.training.corpus import MANIFEST as CORPUS_MANIFEST
 from mtp_viz.training.data import MANIFEST, DataConfig, generate
 from mtp_viz.training.draft import DraftTrainConfig, train_draft
@@ -140,17 +140,22 @@ def cmd_corpus(args: argparse.Namespace) -> None:
 
 
 def cmd_features(args: argparse.Namespace) -> None:
-    """The feature store of a finished corpus (--data, default the model's corpus folder) in --out
-    (default: its features/ folder), for the EAGLE-3 aux layers given or vLLM's default and the last
-    layer's input (features.store_layers)."""
+    """The feature store of a finished corpus (--data, default the model's corpus in the repository)
+    in --out (default: the cache's features/<model>: GBs, not for the repository), for the EAGLE-3
+    aux layers given or vLLM's default and the last layer's input (features.store_layers)."""
     target = load_model(model_name(args.model, args.device), args.device, "float32")
-    corpus = args.data or cache_root() / "corpus" / target.name
+    corpus = args.data or default_folder(target.name)
     manifest = corpus / CORPUS_MANIFEST
     if not manifest.is_file() or not json.loads(manifest.read_text()).get("complete"):
         raise UserError(f"no finished corpus in {corpus}; make it first: python -m mtp_viz train corpus")
     layers = aux_layers(args) or store_layers(target.model.config.num_hidden_layers)
-    folder = build_features(target.model, corpus, args.out or corpus / "features", FeatureConfig(layers))
+    folder = build_features(target.model, corpus, args.out or features_folder(target.name), FeatureConfig(layers))
     print(f"features of {corpus} in {folder}")
+
+
+def features_folder(target_name: str) -> Path:
+    """Where `train features` puts a model's feature store unless told: the cache's."""
+    return cache_root() / "features" / target_name
 
 
 def aux_layers(args: argparse.Namespace) -> tuple[int, ...] | None:

@@ -7,10 +7,16 @@ dropped. Answers are the target's: by a vLLM server at high concurrency (`engine
 default where .venv-vllm exists) or our engine (`"ours"`, one run at a time, the same greedy text);
 most greedy (what greedy speculation meets), a share sampled, chosen by the prompt's id.
 
-The folder holds `first-NNNNN.jsonl` shards (first turns), then `chat-NNNNN.jsonl` (second turns),
-each written whole when all its answers are in, and `manifest.json`: the model, the engines, the
-config, what each shard holds (records, answer tokens by source and split), what was dropped.
-A stopped build resumes at the first shard not written; another config's folder is refused.
+The folder holds `first-NNNNN.jsonl.gz` shards (first turns), then `chat-NNNNN.jsonl.gz` (second
+turns), each written whole when all its answers are in (gzip without a timestamp: the same records
+make the same bytes), and `manifest.json`: the model, the engines, the config, what each shard
+holds (records, answer tokens by source and split), what was dropped. A stopped build resumes at
+the first shard not written; another config's folder is refused.
+
+A model's corpus lives in the repository (assets/corpus/<model>, `default_folder`), not in the
+cache: it takes hours to make and a few MB to keep, every drafter is trained from it, and a machine
+that loses its cache (a fresh one) resumes or reuses it from there. Its feature store is the
+cache's (features.py: GBs, remade in a couple of hours from the corpus).
 
 Each record: id, source, key, split (train | validation, drawn by key: a document, module or topic
 is on one side only), messages, prompt_ids, answer_ids, answer (text), finish_reason, temperature,
@@ -18,6 +24,7 @@ seed. Features for training: mtp_viz.training.features.
 """
 
 import asyncio
+import gzip
 import hashlib
 import json
 import random
@@ -34,7 +41,7 @@ from mtp_viz.loading import model_name
 from mtp_viz.loading.loaded import Tokenized, encode_chat
 from mtp_viz.loading.spec import load_spec
 from mtp_viz.measured import stamp, write_atomically
-from mtp_viz.paths import cache_root
+from mtp_viz.paths import ASSETS
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.serving.backend import open_server, plan, served_target
 from mtp_viz.serving.client import complete_async, completion_body
@@ -52,6 +59,7 @@ from mtp_viz.training.corpus_sources import (
 )
 
 MANIFEST, VERSION = "manifest.json", 1
+SHARD_SUFFIX = ".jsonl.gz"
 FIRST, CHAT = "first", "chat"
 TRAIN, VALIDATION = "train", "validation"
 VLLM, OURS = "vllm", "ours"
@@ -180,14 +188,14 @@ def build(
             items = items_for([p for p in follow if dedup.keep(p)], encode, cfg, dropped)
         shards = [items[i : i + cfg.shard_size] for i in range(0, len(items), cfg.shard_size)]
         for n, shard in enumerate(tqdm(shards, desc=f"corpus: {stage} turns", unit="shard")):
-            path = folder / f"{stage}-{n:05d}.jsonl"
+            path = folder / f"{stage}-{n:05d}{SHARD_SUFFIX}"
             if path.exists():
                 continue
             if stop_after_shards is not None and written >= stop_after_shards:
                 return manifest
             records = [_record(item, a) for item, a in zip(shard, answer(shard), strict=True)]
-            text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-            write_atomically(path, lambda tmp, t=text: tmp.write_text(t, encoding="utf-8"), what="a corpus shard")
+            data = gzip.compress("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode(), mtime=0)
+            write_atomically(path, lambda tmp, d=data: tmp.write_bytes(d), what="a corpus shard")
             manifest["shards"][path.name] = _summary(stage, records)
             manifest["dropped"] = dropped | dedup.dropped
             _save(folder, manifest)
@@ -253,10 +261,15 @@ def _save(folder: Path, manifest: dict) -> None:
     write_atomically(folder / MANIFEST, lambda tmp: tmp.write_text(text), what="the corpus manifest")
 
 
+def default_folder(target_name: str) -> Path:
+    """Where a model's corpus is made and read unless another folder is given: the repository's."""
+    return ASSETS / "corpus" / target_name
+
+
 def read_records(folder: Path, stage: str | None = None, split: str | None = None) -> Iterator[dict]:
     """The corpus's records, shard by shard (one stage, one split where given)."""
-    for path in sorted(folder.glob(f"{stage or '*'}-*.jsonl")):
-        with path.open(encoding="utf-8") as f:
+    for path in sorted(folder.glob(f"{stage or '*'}-*{SHARD_SUFFIX}")):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
             for line in f:
                 record = json.loads(line)
                 if split is None or record["split"] == split:
@@ -325,8 +338,8 @@ def vllm_here() -> bool:
 def make(
     model: str | None, folder: Path | None, cfg: CorpusConfig, engine: str = AUTO, url: str | None = None
 ) -> tuple[Path, dict]:
-    """Build (or finish) the corpus of `model`'s answers in `folder` (default: the cache's
-    corpus/<model>) with `engine`: vLLM (a server started for the build and stopped after it, or
+    """Build (or finish) the corpus of `model`'s answers in `folder` (default: the repository's,
+    `default_folder`) with `engine`: vLLM (a server started for the build and stopped after it, or
     the one at `url`) or ours; auto: vLLM where it is installed or `url` is given. The folder and
     its manifest."""
     if engine not in ENGINES:
@@ -335,7 +348,7 @@ def make(
     target = served_target(load_spec(name, "cpu", "float32"))  # the tokenizer; no weights
     if target.tokenizer is None:
         raise UserError(f"{name} has no tokenizer: a corpus needs one")
-    folder = folder or cache_root() / "corpus" / target.name
+    folder = folder or default_folder(target.name)
     encode = Encoder(target)
     use = engine if engine != AUTO else VLLM if url or vllm_here() else OURS
     if use == OURS:
