@@ -1,14 +1,16 @@
 """EAGLE-3's training labels line up with the target: at every chain base i and step j, what the
 unrolled drafter reads (token i + j, the features of position i) and what it is scored against
 (the target's next token after tokens[: i + j + 1]) are what a direct forward of the tiny target
-gives, for both roads into training: a corpus's feature store and the held-out answers."""
+gives, for every road into training: a corpus's feature store, the corpus itself and the held-out
+answers."""
 
 import pytest
 import torch
 
 from mtp_viz.loading import load_model
 from mtp_viz.training import eagle
-from mtp_viz.training.corpus import OURS, CorpusConfig, make
+from mtp_viz.training.corpus import OURS, CorpusConfig, make, read_records
+from mtp_viz.training.eagle_examples import corpus_examples
 from mtp_viz.training.features import FeatureConfig, FeatureStore, build
 from mtp_viz.training.heldout import answer
 
@@ -71,3 +73,15 @@ def test_labels_of_the_heldout_answers_are_the_targets_next_tokens(target):
     train_cfg = eagle.EagleTrainConfig()
     exs = eagle.sequence_examples(target.model, seqs, LAYERS, identity, train_cfg)
     assert check(target.model, exs, [s.prompt_len for s in seqs], train_cfg) > 10
+
+
+def test_labels_straight_from_a_corpus_are_the_targets_next_tokens(target, tmp_path):
+    """The third road: a corpus's records, the target's view computed when a batch is collated."""
+    cfg = CorpusConfig(templates=3, code=1, documents=1, math=1, chat=1, max_new_tokens=6, validation_share=0.4)
+    corpus, _ = make("tiny", tmp_path / "corpus", cfg, OURS)
+    records = list(read_records(corpus))
+    identity = torch.arange(target.model.config.vocab_size)
+    train_cfg = eagle.EagleTrainConfig()
+    pending = corpus_examples(records, target.model, LAYERS, identity, train_cfg)
+    exs = [p.ready() for p in pending]
+    assert check(target.model, exs, [len(r["prompt_ids"]) for r in records], train_cfg) > 50

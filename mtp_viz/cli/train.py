@@ -10,7 +10,7 @@ from mtp_viz.cli.options import given
 from mtp_viz.errors import UserError
 from mtp_viz.loading import load_model, model_name
 from mtp_viz.paths import cache_root
-from mtp_viz.training.corpus import AUTO, ENGINES, CorpusConfig, default_folder, make
+from mtp_viz.training.corpus import AUTO, ENGINES, CorpusConfig, default_folder, is_corpus, make
 from mtp_viz.training.corpus import MANIFEST as CORPUS_MANIFEST
 from mtp_viz.training.data import MANIFEST, DataConfig, generate
 from mtp_viz.training.draft import DraftTrainConfig, train_draft
@@ -107,11 +107,15 @@ def cmd_train(args: argparse.Namespace) -> None:
     if is_store(data):  # a corpus's feature store (train features): every trainer reads it as it is
         if args.what == "data":
             raise UserError(f"{data} is a feature store (train features makes one), not a data folder")
+    elif is_corpus(data):  # EAGLE-3 reads a corpus itself (the target's view batch by batch)
+        if args.what != "eagle":
+            raise UserError(f"{data} is a corpus: train {args.what} reads its feature store (train features makes it)")
     else:  # without data flags an existing folder keeps its own settings (and is only finished if incomplete)
         generate(target, data, DataConfig(**data_flags, seed=args.seed) if data_flags else None)
     if args.what == "data":
         return
-    runs = data / "runs" / args.out.name
+    # checkpoints beside the data, but never inside a corpus (the repository's): in the cache
+    runs = (cache_root() / "runs" / target.name if is_corpus(data) else data / "runs") / args.out.name
     job = TrainJob(target, data, args.out, runs, resume=args.resume, start_from=args.start_from)
     if args.what == "draft":
         cfg = DraftTrainConfig(**given(args, "layers", reduced_vocab="vocab"))

@@ -211,11 +211,17 @@ def checkpoint_state(drafter: Eagle3Drafter) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_eagle3(drafter: Eagle3Drafter, directory: Path) -> None:
+def save_eagle3(drafter: Eagle3Drafter, directory: Path, dtype: torch.dtype | None = None) -> None:
+    """The checkpoint in vLLM's format, its float tensors in `dtype` (default: the drafter's own;
+    the drafter is not cast)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous() for k, v in checkpoint_state(drafter).items()}
-    config = drafter.config.to_hf() | {"torch_dtype": str(drafter.dtype).removeprefix("torch.")}
+    dtype = dtype or drafter.dtype
+    state = {
+        k: (v.to(dtype) if v.is_floating_point() else v).detach().contiguous()
+        for k, v in checkpoint_state(drafter).items()
+    }
+    config = drafter.config.to_hf() | {"torch_dtype": str(dtype).removeprefix("torch.")}
     save_file(state, str(directory / WEIGHTS_FILE))
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 

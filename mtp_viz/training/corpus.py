@@ -266,6 +266,16 @@ def default_folder(target_name: str) -> Path:
     return ASSETS / "corpus" / target_name
 
 
+def is_corpus(folder: Path) -> bool:
+    """Whether `folder` holds a corpus (finished or not)."""
+    return (folder / MANIFEST).is_file() and any(folder.glob(f"*{SHARD_SUFFIX}"))
+
+
+def is_complete(folder: Path) -> bool:
+    """Whether `folder` holds a finished corpus."""
+    return (folder / MANIFEST).is_file() and bool(json.loads((folder / MANIFEST).read_text()).get("complete"))
+
+
 def read_records(folder: Path, stage: str | None = None, split: str | None = None) -> Iterator[dict]:
     """The corpus's records, shard by shard (one stage, one split where given)."""
     for path in sorted(folder.glob(f"{stage or '*'}-*{SHARD_SUFFIX}")):

@@ -1,6 +1,7 @@
 """Train an EAGLE-3 drafter (mtp_viz.drafters.eagle3) for a frozen target, by self-distillation.
 
-Data (mtp_viz.training.eagle_examples): a corpus's feature store (mtp_viz.training.features), or
+Data (mtp_viz.training.eagle_examples): a corpus's feature store (mtp_viz.training.features), a
+finished corpus itself (mtp_viz.training.corpus: the target's view computed batch by batch), or
 the older self-distillation set (mtp_viz.training.data): the target's own answers, with its argmax
 and top-k view of every position, and its residual streams after the drafter's `aux_layer_ids`
 layers (low, middle, high; fp16). Every validation also scores the fixed held-out set
@@ -18,9 +19,10 @@ vocabulary, answer positions weighted 1 and prompt positions `prompt_weight`, st
 `step_decay` ** (j − 1).
 """
 
+import json
 import random
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import torch
 from torch.nn import functional as F
@@ -30,6 +32,7 @@ from mtp_viz.drafters.eagle3 import Eagle3Config, Eagle3Drafter, load_eagle3, sa
 from mtp_viz.drafters.eagle3_config import default_aux_layer_ids
 from mtp_viz.drafters.vocab import frequent_tokens
 from mtp_viz.errors import UserError
+from mtp_viz.training.corpus import VALIDATION, is_complete, is_corpus, read_records
 from mtp_viz.training.data import load_sequences
 from mtp_viz.training.draft import batches_of
 from mtp_viz.training.eagle_examples import (
@@ -38,15 +41,18 @@ from mtp_viz.training.eagle_examples import (
     Pending,
     cache_features,
     collate,
+    corpus_examples,
     examples,
+    record_vocab_tokens,
     sequence_examples,
+    spread,
     store_examples,
     vocab_coverage,
     vocab_tokens,
 )
 from mtp_viz.training.features import FeatureStore, is_store, store_sequence
 from mtp_viz.training.heldout import spec_bench_heldout
-from mtp_viz.training.loop import TrainJob, seed_everything
+from mtp_viz.training.loop import REPORT, TrainJob, restart_state, seed_everything
 
 
 def build_drafter(
@@ -194,31 +200,46 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
     started = time.perf_counter()
     model = job.target.model.requires_grad_(False)
     store = FeatureStore(job.data) if is_store(job.data) else None
-    if cfg.regression_weight and store is None:
-        raise UserError("the regression needs the target's final hidden states: train from a feature store")
+    records = None
+    if store is None and is_corpus(job.data):
+        if not is_complete(job.data):
+            raise UserError(f"the corpus in {job.data} is not finished: python -m mtp_viz train corpus finishes it")
+        records = list(read_records(job.data))
+    if cfg.regression_weight and store is None and records is None:
+        raise UserError("the regression needs the target's final hidden states: train from a corpus or its features")
     layers = tuple(cfg.aux_layers or default_aux_layer_ids(model.config.num_hidden_layers))
     if store is not None and not cfg.aux_layers:  # vLLM's default where the store has it, else the store's
         stored = tuple(store.meta["made_from"]["config"]["aux_layers"])
         layers = layers if set(layers) <= set(stored) else stored
-    if job.start_from is not None:
-        drafter = load_eagle3(job.start_from, embed=model.get_input_embeddings())
+    restart = restart_state(job.out, asdict(cfg)) if job.can_restart() else None
+    if job.start_from is not None or restart is not None:  # trained weights, or a run's as saved (restart)
+        drafter = load_eagle3(job.start_from or job.out, embed=model.get_input_embeddings())
         layers = drafter.config.aux_layer_ids
     else:
         eos = sorted(job.target.eos_token_ids)
-        if store is not None:
-            seqs = (store_sequence(store, i) for i in store.indices(validation=False))
+        if records is not None:
+            ids = (record_vocab_tokens(r, cfg.vocab_from) for r in records if r["split"] != VALIDATION)
         else:
-            seqs = load_sequences(job.data, cfg.holdout_every, holdout=False, hidden=False)
-        ids = (vocab_tokens(s, cfg.vocab_from) for s in seqs)
+            if store is not None:
+                seqs = (store_sequence(store, i) for i in store.indices(validation=False))
+            else:
+                seqs = load_sequences(job.data, cfg.holdout_every, holdout=False, hidden=False)
+            ids = (vocab_tokens(s, cfg.vocab_from) for s in seqs)
         vocab = frequent_tokens(ids, cfg.reduced_vocab, always=eos)
         drafter = build_drafter(model, layers, vocab, cfg.norm_before_fc)
     drafter.train()
     index = drafter.to_draft_index()
-    if store is not None:  # a corpus's feature store: its layers, its split
-        train_exs = store_examples(store, layers, index, cfg, validation=False)
-        val_exs = store_examples(store, layers, index, cfg, validation=True)
+    if store is not None or records is not None:  # a corpus's feature store or the corpus: its split
+        if store is not None:
+            train_exs = store_examples(store, layers, index, cfg, validation=False)
+            val_exs = store_examples(store, layers, index, cfg, validation=True)
+        else:
+            train_exs = corpus_examples([r for r in records if r["split"] != VALIDATION], model, layers, index, cfg)
+            val_exs = corpus_examples([r for r in records if r["split"] == VALIDATION], model, layers, index, cfg)
+            val_exs = spread(val_exs, [len(e.tokens) for e in val_exs], cfg.val_tokens)
+            val_exs = [e.ready() for e in val_exs]  # scored at every validation: the target's view once
         if not train_exs or not val_exs:
-            raise UserError(f"the features in {job.data} need sequences on both sides of the split")
+            raise UserError(f"the data in {job.data} needs sequences on both sides of the split")
     else:
         folder = cache_features(model, job.data, layers, job.log)
         train_exs = examples(job.data, folder, index, cfg, holdout=False)
@@ -242,26 +263,30 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
         drafter.train()
         return result
 
-    initial = validate()
+    if restart:  # the run's validation before training, and its seconds so far, as saved
+        saved = json.loads((job.out / REPORT).read_text())
+        initial, started = saved["before"], started - saved["seconds"]
+    else:
+        initial = validate()
     tokens = sum(len(e.tokens) for e in train_exs)
     job.log(f"eagle: aux layers {layers}, {len(train_exs)} sequences ({tokens} tokens); before training: {initial}")
+    sizes = {
+        "aux_layers": list(layers),
+        "train_sequences": len(train_exs),
+        "train_tokens": tokens,
+        "heldout_vocab_coverage": coverage,
+    }
+    drafter.config = replace(drafter.config, trained_steps=max(cfg.ttt_steps, drafter.config.trained_steps or 0))
 
     def on_step(step: int) -> None:  # the head learns only once the body has had frozen_head_steps
         drafter.lm_head.weight.requires_grad_(step >= cfg.frozen_head_steps)
 
+    def on_checkpoint(step: int, history: list[dict]) -> None:  # what another machine restarts from
+        save_eagle3(drafter, job.out, torch.float16)
+        job.report(cfg, started, initial, history, step=step, **sizes)
+
     loss_fn = lambda group: losses(drafter, collate(group), cfg)  # noqa: E731
-    history = job.train(params, epoch_batches, loss_fn, validate, cfg.loop, on_step)
+    history = job.train(params, epoch_batches, loss_fn, validate, cfg.loop, on_step, on_checkpoint, restart)
     drafter.eval()
-    drafter.embed_tokens = None  # the target's, shared: not saved, and not to be cast
-    drafter.config = replace(drafter.config, trained_steps=max(cfg.ttt_steps, drafter.config.trained_steps or 0))
-    save_eagle3(drafter.half(), job.out)
-    return job.report(
-        cfg,
-        started,
-        initial,
-        history,
-        aux_layers=list(layers),
-        train_sequences=len(train_exs),
-        train_tokens=tokens,
-        heldout_vocab_coverage=coverage,
-    )
+    save_eagle3(drafter, job.out, torch.float16)
+    return job.report(cfg, started, initial, history, **sizes)

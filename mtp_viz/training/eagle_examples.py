@@ -1,10 +1,16 @@
 """What EAGLE-3 training reads (mtp_viz.training.eagle): its settings, and each sequence as an
 Example: the tokens it reads, the target's features at its aux layers, and the labels it is scored
-against in draft ids, from a corpus's feature store, from the older self-distillation set (features
-computed once and cached beside it) or from sequences at hand (the held-out set). A store's
-sequences become examples only when a batch is collated (Pending), so RAM stays flat however
-large the corpus; a store may hold more aux layers than a drafter reads (the layer ablation
-trains from one store).
+against in draft ids, from a corpus's feature store, straight from a corpus (the target's view
+computed batch by batch: no store), from the older self-distillation set (features computed once
+and cached beside it) or from sequences at hand (the held-out set). A store's sequences (Pending)
+and a corpus's records (Unseen) become examples only when a batch is collated, so RAM stays flat
+however large the corpus; a store may hold more aux layers than a drafter reads (the layer
+ablation trains from one store).
+
+Store or corpus: a store costs one teacher-forced pass over the corpus up front (about 2 h for
+2.35M tokens on a 2-core CPU) and GBs on disk, then every epoch reads it; training straight from
+the corpus pays that pass again each epoch but needs no disk and starts at once, and its run can
+be continued on another machine from the drafter it saved (mtp_viz.training.loop's restart).
 """
 
 import time
@@ -15,7 +21,7 @@ import torch
 
 from mtp_viz.errors import UserError
 from mtp_viz.training.data import Sequence, load_sequences, shards
-from mtp_viz.training.features import FeatureStore, store_sequence
+from mtp_viz.training.features import FeatureConfig, FeatureStore, store_sequence, target_view
 from mtp_viz.training.heldout import PER_CATEGORY
 from mtp_viz.training.loop import LoopConfig
 
@@ -79,6 +85,51 @@ class Pending:
         h, kept = self.features.shape[1] // self.blocks, self.features[-self.cfg.max_tokens :]  # read no more
         features = torch.cat([kept[:, i * h : (i + 1) * h] for i in self.pick], -1)
         return example(self.seq, features, self.index, self.cfg)
+
+
+@dataclass(frozen=True, eq=False)
+class Unseen:
+    """A corpus record, made an Example only when collated: one teacher-forced forward of the
+    target over its whole sequence (prompt then answer, cut as a store cuts it) gives its labels
+    and the features the drafter reads (its last max_tokens positions)."""
+
+    ids: list[int]
+    prompt_len: int
+    tokens: torch.Tensor  # (n,) the tokens it trains on (its last max_tokens): what batches are sized by
+    model: torch.nn.Module
+    layers: tuple[int, ...]
+    index: torch.Tensor
+    cfg: "EagleTrainConfig"
+
+    def ready(self) -> Example:
+        with torch.no_grad():  # not inference_mode: the features enter the drafter's autograd graph
+            view = target_view(self.model, [self.ids], self.layers, FeatureConfig(self.layers).top_k)
+        top_ids, top_logp = view.top_ids[0, :-1].int(), view.top_logp[0, :-1].half()
+        tokens = torch.tensor(self.ids, dtype=torch.int32)
+        seq = Sequence(tokens, self.prompt_len, view.final[0, :-1].half(), top_ids[:, 0], top_ids, top_logp)
+        return example(seq, view.aux[0].half().cpu(), self.index, self.cfg)
+
+
+def corpus_examples(
+    records: list[dict], model, layers: tuple[int, ...], index: torch.Tensor, cfg: "EagleTrainConfig"
+) -> list[Unseen]:
+    """A corpus's records (one side of its split) as examples to be made when collated."""
+    cut = FeatureConfig(layers).max_tokens
+    out = []
+    for r in records:
+        ids = (r["prompt_ids"] + r["answer_ids"])[:cut]
+        kept = torch.tensor(ids[-cfg.max_tokens :])
+        out.append(Unseen(ids, min(len(r["prompt_ids"]), cut), kept, model, layers, index, cfg))
+    return out
+
+
+def record_vocab_tokens(record: dict, source: str) -> torch.Tensor:
+    """vocab_tokens for a corpus record, whose target argmaxes are not known before its forward:
+    its tokens (the answers are mostly the target's greedy choices), all or the answer's only."""
+    if source not in ("all", "answers"):
+        raise UserError(f"vocab_from {source!r}: all or answers")
+    ids = record["answer_ids"] if source == "answers" else record["prompt_ids"] + record["answer_ids"]
+    return torch.tensor(ids, dtype=torch.long)
 
 
 def vocab_tokens(s: Sequence, source: str) -> torch.Tensor:
@@ -182,7 +233,7 @@ def example(s: Sequence, features: torch.Tensor, index: torch.Tensor, cfg: Eagle
     )
 
 
-def collate(items: list[Example | Pending]) -> dict[str, torch.Tensor]:
+def collate(items: list[Example | Pending | Unseen]) -> dict[str, torch.Tensor]:
     """Right-padded batch tensors (padding has weight 0)."""
     exs = [item.ready() for item in items]
     length = max(len(e.tokens) for e in exs)

@@ -171,32 +171,49 @@ def _batches(todo: list[int], seqs: list[list[int]]) -> list[list[int]]:
     return out
 
 
-def _forward(model, batch: list[list[int]], offsets: list[int], arrays: dict, cfg: FeatureConfig) -> None:
+@dataclass(frozen=True)
+class TargetView:
+    """The target's view of a right-padded batch (B, T): what a store keeps of each position."""
+
+    final: torch.Tensor  # (B, T, H): the final hidden state, after the norm
+    aux: torch.Tensor  # (B, T, A·H): the residual streams entering the aux layers
+    top_ids: torch.Tensor  # (B, T, K): top-K next-token ids (argmax first)
+    top_logp: torch.Tensor  # (B, T, K): their log-probabilities
+
+
+def target_view(model, batch: list[list[int]], aux_layers: tuple[int, ...], top_k: int) -> TargetView:
+    """One teacher-forced forward of `batch` (token lists, right padded: causal, so padding never
+    reaches a real position), with the checks a float16 copy needs."""
     length = max(len(s) for s in batch)
     device = next(model.parameters()).device
     ids = torch.zeros(len(batch), length, dtype=torch.long)
     for r, s in enumerate(batch):
         ids[r, : len(s)] = torch.tensor(s)
-    out = model.model(input_ids=ids.to(device), output_hidden_states=True)  # causal: right padding unseen
+    out = model.model(input_ids=ids.to(device), output_hidden_states=True)
     final = out.last_hidden_state  # (B, T, H), after the norm
-    aux = torch.cat([out.hidden_states[i] for i in cfg.aux_layers], -1)  # layer i's input, as vLLM's EAGLE-3 reads
+    aux = torch.cat([out.hidden_states[i] for i in aux_layers], -1)  # layer i's input, as vLLM's EAGLE-3 reads
     logits = model.lm_head(final).float()
-    top_logits, top_ids = torch.topk(logits, cfg.top_k, dim=-1)
+    top_logits, top_ids = torch.topk(logits, top_k, dim=-1)
     top_logp = top_logits - torch.logsumexp(logits, -1, keepdim=True)  # log-probabilities, one vocabulary pass
     del logits
     for name, x in (("hidden", final), ("aux", aux)):  # fp16 holds ±65504: an overflow would poison training
         if not torch.isfinite(x.half()).all():
             raise RuntimeError(f"the target's {name} states overflow float16 in this batch; the store cannot hold them")
+    return TargetView(final, aux, top_ids, top_logp)
+
+
+def _forward(model, batch: list[list[int]], offsets: list[int], arrays: dict, cfg: FeatureConfig) -> None:
+    view = target_view(model, batch, cfg.aux_layers, cfg.top_k)
     for r, (s, at) in enumerate(zip(batch, offsets, strict=True)):
         m = len(s)
         arrays["tokens"][at : at + m] = np.asarray(s, dtype=np.int32)
-        argmax = top_ids[r, :m, 0].int().cpu().numpy().copy()
+        argmax = view.top_ids[r, :m, 0].int().cpu().numpy().copy()
         argmax[-1] = -1  # no next token to predict at the last position
         arrays["argmax"][at : at + m] = argmax
-        arrays["topk_ids"][at : at + m] = top_ids[r, :m].int().cpu().numpy()
-        arrays["topk_logp"][at : at + m] = top_logp[r, :m].half().cpu().numpy()
-        arrays["hidden"][at : at + m] = final[r, :m].half().cpu().numpy()
-        arrays["aux"][at : at + m] = aux[r, :m].half().cpu().numpy()
+        arrays["topk_ids"][at : at + m] = view.top_ids[r, :m].int().cpu().numpy()
+        arrays["topk_logp"][at : at + m] = view.top_logp[r, :m].half().cpu().numpy()
+        arrays["hidden"][at : at + m] = view.final[r, :m].half().cpu().numpy()
+        arrays["aux"][at : at + m] = view.aux[r, :m].half().cpu().numpy()
 
 
 def _meta(folder: Path, made_from: dict) -> dict:

@@ -11,6 +11,13 @@ the rate, so `--resume` with more steps (or epochs) simply goes on; `wsd` (warmu
 keeps it until the last `decay_share` of the run and then decays linearly to zero: the state at the
 start of the decay is kept (checkpoint-stable.pt), so a longer run resumes from there and decays
 at its own end. The validation history also records the mean training loss since the last entry.
+
+A checkpoint is the machine's (optimizer state included, it is several times the weights). A run
+that must go on elsewhere, where that folder is gone (a fresh machine keeps only the repository),
+restarts from what the task saved at its last checkpoint (`on_checkpoint`: its weights and the
+report of the steps done, in `out`): the same batches from the same step on, with a fresh
+optimizer whose rate is warmed up again over `warmup_steps` (Adam's moments are re-estimated
+there). The task passes that saved state as `restart`; `--resume` prefers a checkpoint.
 """
 
 import json
@@ -76,24 +83,59 @@ class TrainJob:
     start_from: Path | None = None
     log: Callable[[str], None] = print
 
-    def train(self, params, epoch_batches, loss_fn, validate, cfg: LoopConfig, on_step=None) -> list[dict]:
+    def train(
+        self, params, epoch_batches, loss_fn, validate, cfg: LoopConfig, on_step=None, on_checkpoint=None, restart=None
+    ) -> list[dict]:
         """`train` with this job's checkpoints, resumption and log."""
-        return train(params, epoch_batches, loss_fn, validate, self.runs, cfg, self.resume, self.log, on_step)
+        return train(
+            params,
+            epoch_batches,
+            loss_fn,
+            validate,
+            self.runs,
+            cfg,
+            self.resume,
+            self.log,
+            on_step,
+            on_checkpoint,
+            restart,
+        )
 
-    def report(self, cfg, started: float, before: dict, history: list[dict], **sizes) -> dict:
-        """The run's report (settings, data sizes, validation before and during training, seconds
-        since `started`), also written to out/training.json, and drawn in out/curves.md."""
+    def can_restart(self) -> bool:
+        """--resume without a checkpoint here: whether `out` holds what a run saved as it went."""
+        return self.resume and self.start_from is None and not (self.runs / CHECKPOINT).exists() and saved_run(self.out)
+
+    def report(self, cfg, started: float, before: dict, history: list[dict], step: int | None = None, **sizes) -> dict:
+        """The run's report (settings, data sizes, validation before and during training, the
+        steps done, seconds since `started`), also written to out/training.json, and drawn in out/curves.md."""
         report = {
             "config": asdict(cfg),
             **sizes,
             "started_from": str(self.start_from) if self.start_from else None,
             "before": before,
             "history": history,
+            "step": history[-1]["step"] if step is None and history else step,
             "seconds": time.perf_counter() - started,
         }
         (self.out / REPORT).write_text(json.dumps(report, indent=1))
         (self.out / CURVES).write_text(markdown([{"step": 0, **before}, *history], f"Training {self.out.name}"))
         return report
+
+
+def saved_run(out: Path) -> bool:
+    """Whether `out` holds a report with the steps its run had done (written at its checkpoints)."""
+    return (out / REPORT).is_file() and bool(json.loads((out / REPORT).read_text()).get("step"))
+
+
+def restart_state(out: Path, cfg_dict: dict) -> dict:
+    """What `train` restarts from (see the module docstring): the saved report's step, history
+    and loop settings; `cfg_dict` is the task's settings now, which must match the saved ones but
+    for the loop's length."""
+    report = json.loads((out / REPORT).read_text())
+    old, new = dict(report["config"]), json.loads(json.dumps(cfg_dict))
+    if {k: v for k, v in old.items() if k != "loop"} != {k: v for k, v in new.items() if k != "loop"}:
+        raise UserError(f"{out} was trained with other settings; start afresh without --resume")
+    return {"step": report["step"], "history": report["history"], "config": old["loop"], "path": out}
 
 
 def seed_everything(seed: int) -> None:
@@ -129,13 +171,15 @@ def train(
     resume: bool = False,
     log: Callable[[str], None] = print,
     on_step: Callable[[int], None] | None = None,  # told each step's index before its loss (e.g. to freeze)
+    on_checkpoint: Callable[[int, list[dict]], None] | None = None,  # told (step, history) at each checkpoint
+    restart: dict | None = None,  # restart_state(): used by `resume` where no checkpoint is
 ) -> list[dict]:
     """Train `params` in place; returns the validation history (also kept in the checkpoint)."""
     out.mkdir(parents=True, exist_ok=True)
     optimizer = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     per_epoch = len(epoch_batches(0))
     total = total_steps(per_epoch, cfg)
-    step, history = 0, []
+    step, history, rewarm = 0, [], None  # rewarm: the step a restart began at
     if resume and (out / CHECKPOINT).exists():
         state = _resumable(out, cfg, per_epoch)
         with torch.no_grad():
@@ -145,6 +189,10 @@ def train(
         step, history = state["step"], state["history"]
         torch.set_rng_state(state["torch_rng"])
         log(f"resumed from {state['path']} at step {step}/{total}")
+    elif resume and restart is not None:
+        state = _restartable(restart, cfg, per_epoch)  # the task has put its saved weights in params
+        step, history, rewarm = state["step"], state["history"], state["step"]
+        log(f"restarted from {restart['path']} at step {step}/{total}: fresh optimizer, warmed up again")
     decay = cfg.decay_start(total) if cfg.schedule == "wsd" else None
     bar = tqdm(total=total, initial=step, unit="step", desc=f"train {out.name}")
     losses: list[float] = []
@@ -154,7 +202,9 @@ def train(
         if step == decay:  # wsd: what a longer run would resume from
             _save(out / STABLE, params, optimizer, step, history, cfg)
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, total, cfg)
+            group["lr"] = lr_at(step, total, cfg) * (
+                1.0 if rewarm is None else min(1.0, (step - rewarm + 1) / cfg.warmup_steps)
+            )
         if on_step is not None:
             on_step(step)
         loss, stats = loss_fn(batch)
@@ -167,14 +217,39 @@ def train(
         bar.update(1)
         bar.set_postfix(epoch=epoch, **{k: f"{v:.3f}" for k, v in stats.items()})
         if step % cfg.eval_every == 0 or step == total:
-            entry = {"step": step, "train_loss": sum(losses) / len(losses), "lr": lr_at(step - 1, total, cfg)}
+            entry = {"step": step, "train_loss": sum(losses) / len(losses), "lr": optimizer.param_groups[0]["lr"]}
             history.append(entry | validate())
             losses = []
             log(f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in history[-1].items() if k != "step"))
         if step % cfg.checkpoint_every == 0 or step == total:
             _save(out / CHECKPOINT, params, optimizer, step, history, cfg)
+            if on_checkpoint is not None:
+                on_checkpoint(step, history)
     bar.close()
     return history
+
+
+def _restartable(restart: dict, cfg: LoopConfig, per_epoch: int) -> dict:
+    """`restart` checked as a checkpoint is (_resumable's rules; no state is kept from before a decay)."""
+    old = LoopConfig(**restart["config"])
+    if {k: v for k, v in asdict(old).items() if k not in LENGTH} != {
+        k: v for k, v in asdict(cfg).items() if k not in LENGTH
+    }:
+        raise UserError(f"{restart['path']} was made with other settings; start afresh without --resume")
+    if old == cfg:
+        return restart
+    if cfg.schedule == "cosine":
+        raise UserError("a cosine schedule ends at zero: only a constant or wsd run can be made longer (--resume)")
+    total = total_steps(per_epoch, cfg)
+    if restart["step"] > total:
+        raise UserError(f"{restart['path']} is at step {restart['step']}, past this run's {total} steps")
+    if cfg.schedule == "wsd" and restart["step"] > min(
+        cfg.decay_start(total), old.decay_start(total_steps(per_epoch, old))
+    ):
+        raise UserError(
+            f"{restart['path']} is past the start of its decay: a longer run needs a checkpoint from before it"
+        )
+    return restart
 
 
 def _resumable(out: Path, cfg: LoopConfig, per_epoch: int) -> dict:
