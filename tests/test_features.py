@@ -82,6 +82,22 @@ def test_the_command_builds_the_store_of_a_finished_corpus_and_refuses_an_unfini
     assert "no finished corpus" in capsys.readouterr().err
 
 
+def test_a_store_of_a_share_of_the_corpus_holds_those_sequences_whole(corpus, tmp_path, capsys):
+    """--sequences N: a seeded random N of the corpus's sequences (the ablations' shorter budget),
+    each as its record reads, on the record's side of the split."""
+    args = ["train", "features", "--model", "tiny", "--data", str(corpus), "--sequences", "5"]
+    assert main([*args, "--out", str(tmp_path / "f")]) == 0
+    store, records = FeatureStore(tmp_path / "f"), list(read_records(corpus))
+    picked = np.load(tmp_path / "f" / "record.npy")
+    assert len(store) == 5 < len(records) and len(set(picked.tolist())) == 5
+    for s, r in enumerate(picked):
+        record = records[int(r)]
+        assert store.sequence(s)["tokens"].tolist() == record["prompt_ids"] + record["answer_ids"]
+        assert bool(store.validation[s]) == (record["split"] == "validation")
+    assert main([*args[:-1], "0", "--out", str(tmp_path / "g")]) == 2
+    assert "--sequences must be at least 1" in capsys.readouterr().err
+
+
 def test_eagle_trains_from_the_store_on_its_split(corpus, tmp_path, capsys):
     store = tmp_path / "f"
     assert main(["train", "features", "--model", "tiny", "--data", str(corpus), "--out", str(store)]) == 0

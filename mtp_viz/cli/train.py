@@ -75,6 +75,7 @@ def add(sub) -> None:
     t.add_argument("--engine", choices=ENGINES, default=AUTO, help="corpus: who answers (auto: vLLM where installed)")
     t.add_argument("--vllm-url", help="corpus: the vLLM server already running there answers")
     t.add_argument("--prompts", type=int, help="corpus: about this many first-turn prompts (default ~4,600)")
+    t.add_argument("--sequences", type=int, help="features: a seeded random share of the corpus, this many sequences")
     t.set_defaults(func=cmd_train)
 
 
@@ -153,7 +154,10 @@ def cmd_features(args: argparse.Namespace) -> None:
     if not manifest.is_file() or not json.loads(manifest.read_text()).get("complete"):
         raise UserError(f"no finished corpus in {corpus}; make it first: python -m mtp_viz train corpus")
     layers = aux_layers(args) or store_layers(target.model.config.num_hidden_layers)
-    folder = build_features(target.model, corpus, args.out or features_folder(target.name), FeatureConfig(layers))
+    if args.sequences is not None and args.sequences < 1:
+        raise UserError("--sequences must be at least 1")
+    cfg = FeatureConfig(layers, sequences=args.sequences or 0)
+    folder = build_features(target.model, corpus, args.out or features_folder(target.name), cfg)
     print(f"features of {corpus} in {folder}")
 
 

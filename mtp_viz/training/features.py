@@ -17,6 +17,7 @@ says how far it got, so a stopped build resumes there, and what the store was ma
 """
 
 import json
+import random
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
@@ -42,6 +43,8 @@ class FeatureConfig:
     aux_layers: tuple[int, ...]
     top_k: int = 16
     max_tokens: int = 2048  # a longer sequence is cut at the end (its prompt kept)
+    sequences: int = 0  # a seeded random share of the corpus's sequences, this many (0: all): a store
+    # for runs at a shorter budget (the ablations) costs its share of the full store's ~2 h
 
 
 def store_layers(num_layers: int) -> tuple[int, ...]:
@@ -112,7 +115,10 @@ def build(model, corpus: Path, folder: Path, cfg: FeatureConfig, stop_after: int
     """The store of `corpus` under `model` (an nn.Module on its device) in `folder`, built or
     finished; `stop_after` stops after that many sequences (tests of resuming)."""
     records = list(read_records(corpus))
-    order = sorted(range(len(records)), key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["answer_ids"]))
+    chosen = range(len(records))
+    if 0 < cfg.sequences < len(records):  # drawn whatever the split: each side keeps its share
+        chosen = random.Random(0).sample(chosen, cfg.sequences)
+    order = sorted(chosen, key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["answer_ids"]))
     records = [records[i] for i in order]  # by length: a batch's sequences pad little
     seqs = [(r["prompt_ids"] + r["answer_ids"])[: cfg.max_tokens] for r in records]
     starts = np.zeros(len(seqs) + 1, dtype=np.int64)
