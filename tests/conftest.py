@@ -25,6 +25,7 @@ from mtp_viz.registry import load_registry
 from mtp_viz.serving.server import PYTHON_ENV
 from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.base import DecodeContext, GenerationSettings
+from mtp_viz.training.corpus import OURS, CorpusConfig, make
 
 SUITE_CACHE_ENV = "MTP_VIZ_SUITE_CACHE"  # this run's cache folder (suite_cache), inherited by its workers
 CODES_FOLDER = "weights"  # where mtp_viz.gguf_codes keeps a GGUF's 4-bit codes in the cache
@@ -256,6 +257,16 @@ def tiny_registry(tmp_path_factory):
 def use_tiny_registry(tiny_registry, monkeypatch):
     monkeypatch.setenv("MTP_VIZ_MODELS", str(tiny_registry))
     return tiny_registry
+
+
+@pytest.fixture
+def tiny_corpus(use_tiny_registry, tmp_path) -> Path:
+    """A corpus of the tiny target's answers made by our engine (both sides of the split, two
+    shards of first turns and one of second turns): what the trainers of a corpus read."""
+    cfg = CorpusConfig(
+        templates=4, code=2, documents=2, math=2, chat=2, max_new_tokens=6, shard_size=8, validation_share=0.4
+    )
+    return make("tiny", tmp_path / "corpus", cfg, OURS)[0]
 
 
 @pytest.fixture(scope="module")

@@ -15,19 +15,14 @@ from mtp_viz.drafters.eagle3_config import default_aux_layer_ids
 from mtp_viz.errors import UserError
 from mtp_viz.loading import load_model
 from mtp_viz.training import features, heads
-from mtp_viz.training.corpus import OURS, CorpusConfig, make, read_records
+from mtp_viz.training.corpus import read_records
 from mtp_viz.training.eagle_examples import EagleTrainConfig, collate, store_examples
 from mtp_viz.training.features import FeatureConfig, FeatureStore, build
 
-CORPUS = CorpusConfig(
-    templates=4, code=2, documents=2, math=2, chat=2, max_new_tokens=6, shard_size=8, validation_share=0.4
-)
-
 
 @pytest.fixture
-def corpus(use_tiny_registry, tmp_path):
-    folder, _ = make("tiny", tmp_path / "corpus", CORPUS, OURS)
-    return folder
+def corpus(tiny_corpus):
+    return tiny_corpus
 
 
 def test_every_position_holds_what_a_forward_of_its_sequence_alone_gives(corpus, tmp_path, monkeypatch):

@@ -16,18 +16,13 @@ from mtp_viz.errors import UserError
 from mtp_viz.loading import load_model
 from mtp_viz.paths import cache_root
 from mtp_viz.training import eagle, loop
-from mtp_viz.training.corpus import OURS, VALIDATION, CorpusConfig, make, read_records
+from mtp_viz.training.corpus import VALIDATION, read_records
 from mtp_viz.training.loop import CHECKPOINT, LoopConfig, TrainJob
-
-CORPUS = CorpusConfig(
-    templates=4, code=2, documents=2, math=2, chat=2, max_new_tokens=6, shard_size=8, validation_share=0.4
-)
 
 
 @pytest.fixture
-def corpus(use_tiny_registry, tmp_path):
-    folder, _ = make("tiny", tmp_path / "corpus", CORPUS, OURS)
-    return folder
+def corpus(tiny_corpus):
+    return tiny_corpus
 
 
 def test_eagle_trains_straight_from_a_corpus_on_its_split(corpus, tmp_path, capsys):
@@ -107,11 +102,11 @@ def test_a_restart_keeps_to_the_schedules_rules():
     """As a checkpoint is: a cosine run cannot be made longer; a wsd run only from before its decay."""
     saved = {"step": 40, "history": [], "path": "out"}
     wsd = LoopConfig(schedule="wsd", max_steps=50, warmup_steps=5)  # decays from step 40
-    assert loop._restartable({**saved, "config": asdict(wsd)}, replace(wsd, max_steps=100), 100)["step"] == 40
+    assert loop._continuable({**saved, "config": asdict(wsd)}, replace(wsd, max_steps=100), 100)["step"] == 40
     late = {**saved, "step": 45, "config": asdict(wsd)}
-    with pytest.raises(UserError, match="past the start of its decay"):
-        loop._restartable(late, replace(wsd, max_steps=100), 100)
+    with pytest.raises(UserError, match="no state from before step 80"):
+        loop._continuable(late, replace(wsd, max_steps=100), 100)
     cosine = LoopConfig(max_steps=50)
     with pytest.raises(UserError, match="cosine"):
-        loop._restartable({**saved, "config": asdict(cosine)}, replace(cosine, max_steps=100), 100)
-    assert loop._restartable({**saved, "config": asdict(cosine)}, cosine, 100)["step"] == 40  # the same run
+        loop._continuable({**saved, "config": asdict(cosine)}, replace(cosine, max_steps=100), 100)
+    assert loop._continuable({**saved, "config": asdict(cosine)}, cosine, 100)["step"] == 40  # the same run

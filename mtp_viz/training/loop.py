@@ -181,7 +181,9 @@ def train(
     total = total_steps(per_epoch, cfg)
     step, history, rewarm = 0, [], None  # rewarm: the step a restart began at
     if resume and (out / CHECKPOINT).exists():
-        state = _resumable(out, cfg, per_epoch)
+        state = _continuable(
+            torch.load(out / CHECKPOINT, weights_only=False) | {"path": out / CHECKPOINT}, cfg, per_epoch, out / STABLE
+        )
         with torch.no_grad():
             for name, value in state["params"].items():
                 params[name].copy_(value)
@@ -190,7 +192,7 @@ def train(
         torch.set_rng_state(state["torch_rng"])
         log(f"resumed from {state['path']} at step {step}/{total}")
     elif resume and restart is not None:
-        state = _restartable(restart, cfg, per_epoch)  # the task has put its saved weights in params
+        state = _continuable(restart, cfg, per_epoch)  # the task has put its saved weights in params
         step, history, rewarm = state["step"], state["history"], state["step"]
         log(f"restarted from {restart['path']} at step {step}/{total}: fresh optimizer, warmed up again")
     decay = cfg.decay_start(total) if cfg.schedule == "wsd" else None
@@ -229,37 +231,12 @@ def train(
     return history
 
 
-def _restartable(restart: dict, cfg: LoopConfig, per_epoch: int) -> dict:
-    """`restart` checked as a checkpoint is (_resumable's rules; no state is kept from before a decay)."""
-    old = LoopConfig(**restart["config"])
-    if {k: v for k, v in asdict(old).items() if k not in LENGTH} != {
-        k: v for k, v in asdict(cfg).items() if k not in LENGTH
-    }:
-        raise UserError(f"{restart['path']} was made with other settings; start afresh without --resume")
-    if old == cfg:
-        return restart
-    if cfg.schedule == "cosine":
-        raise UserError("a cosine schedule ends at zero: only a constant or wsd run can be made longer (--resume)")
-    total = total_steps(per_epoch, cfg)
-    if restart["step"] > total:
-        raise UserError(f"{restart['path']} is at step {restart['step']}, past this run's {total} steps")
-    if cfg.schedule == "wsd" and restart["step"] > min(
-        cfg.decay_start(total), old.decay_start(total_steps(per_epoch, old))
-    ):
-        raise UserError(
-            f"{restart['path']} is past the start of its decay: a longer run needs a checkpoint from before it"
-        )
-    return restart
-
-
-def _resumable(out: Path, cfg: LoopConfig, per_epoch: int) -> dict:
-    """The state a run with `cfg` continues from: the last checkpoint of the same run; for a run
-    made longer, the last checkpoint (constant), or the last one before the new run's decay starts
-    (wsd: the last checkpoint while its own decay had not begun, else the one kept at its start);
-    refused otherwise."""
-    path = out / CHECKPOINT
-    state = torch.load(path, weights_only=False) | {"path": path}
-    old = LoopConfig(**state["config"])
+def _continuable(state: dict, cfg: LoopConfig, per_epoch: int, stable: Path | None = None) -> dict:
+    """The state a run with `cfg` continues from, given `state` (a checkpoint, or what a restart
+    reads: step, config, path): `state` for the same run; for a run made longer, `state` (constant),
+    or the last one before the new run's decay starts (wsd: `state` while its own decay had not
+    begun, else the one kept at its start in `stable`, where there is one); refused otherwise."""
+    path, old = state["path"], LoopConfig(**state["config"])
     if {k: v for k, v in asdict(old).items() if k not in LENGTH} != {
         k: v for k, v in asdict(cfg).items() if k not in LENGTH
     }:
@@ -276,11 +253,11 @@ def _resumable(out: Path, cfg: LoopConfig, per_epoch: int) -> dict:
     start = cfg.decay_start(total)
     if state["step"] <= min(start, old.decay_start(total_steps(per_epoch, old))):
         return state
-    if (out / STABLE).exists():
-        kept = torch.load(out / STABLE, weights_only=False) | {"path": out / STABLE}
+    if stable is not None and stable.exists():
+        kept = torch.load(stable, weights_only=False) | {"path": stable}
         if kept["step"] <= start:
             return kept
-    raise UserError(f"{out} holds no state from before step {start}, where this run's decay starts")
+    raise UserError(f"{path} holds no state from before step {start}, where this run's decay starts")
 
 
 def _from(step: int, per_epoch: int, epochs: int, epoch_batches) -> Iterator[tuple[int, object]]:
