@@ -4,6 +4,7 @@ unrolled drafter reads (token i + j, the features of position i) and what it is 
 gives, for every road into training: a corpus's feature store, the corpus itself and the held-out
 answers."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -85,3 +86,25 @@ def test_labels_straight_from_a_corpus_are_the_targets_next_tokens(target, tmp_p
     pending = corpus_examples(records, target.model, LAYERS, identity, train_cfg)
     exs = [p.ready() for p in pending]
     assert check(target.model, exs, [len(r["prompt_ids"]) for r in records], train_cfg) > 50
+
+
+def test_a_corpus_record_becomes_the_example_its_stored_sequence_becomes(target, tmp_path):
+    """The corpus road and the store road give one record the same example, cut to the training
+    window (a window shorter than the tiny sequences, so the cut is exercised)."""
+    cfg = CorpusConfig(templates=3, code=1, documents=1, math=1, chat=1, max_new_tokens=6, validation_share=0.4)
+    corpus, _ = make("tiny", tmp_path / "corpus", cfg, OURS)
+    store = FeatureStore(build(target.model, corpus, tmp_path / "f", FeatureConfig(aux_layers=LAYERS)))
+    records, picked = list(read_records(corpus)), np.load(tmp_path / "f" / "record.npy")
+    identity = torch.arange(target.model.config.vocab_size)
+    train_cfg = eagle.EagleTrainConfig(max_tokens=12)
+    train_side = eagle.store_examples(store, LAYERS, identity, train_cfg, False)
+    stored = {int(picked[s]): p for s, p in zip(store.indices(False), train_side, strict=True)}
+    unseen = corpus_examples(records, target.model, LAYERS, identity, train_cfg)
+    assert stored and all(len(records[r]["prompt_ids"]) + len(records[r]["answer_ids"]) > 12 for r in stored)
+    for r, pending in stored.items():
+        a, b = pending.ready(), unseen[r].ready()
+        assert len(a.tokens) == len(b.tokens) == 12 and torch.equal(a.tokens, b.tokens)
+        assert torch.equal(a.weight, b.weight)
+        torch.testing.assert_close(a.features.float(), b.features.float(), atol=2e-2, rtol=1e-2)
+        assert (a.argmax == b.argmax).float().mean() >= 0.9  # a near-tie may fall either way in fp32
+        torch.testing.assert_close(a.topk_p, b.topk_p, atol=2e-2, rtol=1e-2)

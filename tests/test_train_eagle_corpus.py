@@ -3,6 +3,7 @@ store), and a run continued on another machine: where the run's checkpoint folde
 restarts from the weights and report it saved in --out at its last checkpoint, on the same batches
 from the same step, with a fresh optimizer warmed up again."""
 
+import gzip
 import json
 import shutil
 from dataclasses import asdict, replace
@@ -35,7 +36,8 @@ def test_eagle_trains_straight_from_a_corpus_on_its_split(corpus, tmp_path, caps
     assert report["history"][-1]["train_loss"] > 0 and "val_top1_step2" in report["history"][-1]
     assert report["step"] == report["history"][-1]["step"]
     assert not (corpus / "runs").exists()  # checkpoints go to the cache, never into a corpus
-    assert (cache_root() / "runs" / "tiny" / "e" / CHECKPOINT).is_file()
+    (runs,) = (cache_root() / "runs" / "tiny").glob("e-*")  # one folder per --out path
+    assert (runs / CHECKPOINT).is_file()
     # the other trainers read a corpus through its feature store
     capsys.readouterr()
     heads = ["train", "heads", "--model", "tiny", "--data", str(corpus), "--out", str(tmp_path / "h")]
@@ -73,15 +75,16 @@ def _run(corpus, out, runs, steps: int, resume: bool, seen: list | None = None, 
 
 
 def test_a_run_goes_on_on_another_machine_from_what_it_saved(corpus, tmp_path):
-    straight, first, more = [], [], []
-    _run(corpus, tmp_path / "straight", tmp_path / "runs-s", 6, False, straight)
+    straight, first, more, last = [], [], [], []
+    _run(corpus, tmp_path / "straight", tmp_path / "runs-s", 8, False, straight)
     _run(corpus, tmp_path / "e", tmp_path / "runs", 4, False, first)
     saved = json.loads((tmp_path / "e" / "training.json").read_text())
     assert saved["step"] == 4 and [h["step"] for h in saved["history"]] == [2, 4]
     weights = (tmp_path / "e" / "model.safetensors").read_bytes()
-    shutil.rmtree(tmp_path / "runs")  # another machine: only what --out holds is left
+    shutil.copytree(tmp_path / "runs", tmp_path / "runs-b")  # machine B's checkpoint at step 4
+    shutil.rmtree(tmp_path / "runs")  # machine A: only what --out holds is left
     report = _run(corpus, tmp_path / "e", tmp_path / "runs", 6, True, more)
-    assert first + more == straight  # the same batches, from the step it had reached
+    assert first + more == straight[:6]  # the same batches, from the step it had reached
     assert report["step"] == 6 and [h["step"] for h in report["history"]] == [2, 4, 6]
     assert report["history"][:2] == saved["history"] and report["before"] == saved["before"]
     assert report["seconds"] > saved["seconds"]  # counted across both machines
@@ -92,10 +95,27 @@ def test_a_run_goes_on_on_another_machine_from_what_it_saved(corpus, tmp_path):
     assert drafter.config.draft_vocab_size <= 20 and drafter.embed_tokens is target.get_input_embeddings()
     assert json.loads((tmp_path / "e" / "config.json").read_text())["torch_dtype"] == "float16"
     assert target.get_input_embeddings().weight.dtype == torch.float32  # saved in float16, nothing cast
+    assert not (tmp_path / "e" / ".saving").exists()
 
-    shutil.rmtree(tmp_path / "runs")  # a restart with other settings is refused, not mixed in
+    # restarted with nothing left to train, the weights it loaded are the ones it saved
+    weights = (tmp_path / "e" / "model.safetensors").read_bytes()
+    shutil.rmtree(tmp_path / "runs")
+    _run(corpus, tmp_path / "e", tmp_path / "runs", 6, True)
+    assert (tmp_path / "e" / "model.safetensors").read_bytes() == weights
+
+    # back on machine B, whose checkpoint (step 4) the run has gone past: it goes on from step 6
+    shutil.rmtree(tmp_path / "runs")
+    report = _run(corpus, tmp_path / "e", tmp_path / "runs-b", 8, True, last)
+    assert last == straight[6:] and [h["step"] for h in report["history"]] == [2, 4, 6, 8]
+
+    shutil.rmtree(tmp_path / "runs-b")  # a restart with other settings is refused, not mixed in
     with pytest.raises(UserError, match="other settings"):
-        _run(corpus, tmp_path / "e", tmp_path / "runs", 8, True, ttt_steps=3)
+        _run(corpus, tmp_path / "e", tmp_path / "runs", 10, True, ttt_steps=3)
+    shard = sorted(corpus.glob("chat-*.jsonl.gz"))[-1]  # nor on other data
+    lines = gzip.decompress(shard.read_bytes()).decode().splitlines(keepends=True)
+    shard.write_bytes(gzip.compress("".join(lines[:-1]).encode(), mtime=0))
+    with pytest.raises(UserError, match="trained on other data"):
+        _run(corpus, tmp_path / "e", tmp_path / "runs", 10, True)
 
 
 def test_a_restart_keeps_to_the_schedules_rules():

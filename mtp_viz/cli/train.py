@@ -2,6 +2,7 @@
 sequential MTP heads, an EAGLE-3 drafter, or a mask-token MTP adapter."""
 
 import argparse
+import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -33,7 +34,8 @@ TUNING = {
     "--layers": "draft: decoder layers",
     "--depth": "heads: depths unrolled in training",
     "--ttt-steps": "eagle: draft steps unrolled in training (training-time test)",
-    "--regression": "eagle: weight of a hidden-state regression term beside the cross entropy (needs a feature store)",
+    "--regression": "eagle: weight of a hidden-state regression term beside the cross entropy (needs a corpus or "
+    "its feature store)",
     "--frozen-head-steps": "eagle: optimizer steps the head (the target's rows at first) stays frozen",
     "--heldout": "eagle: Spec-Bench prompts a category whose answers (the target's) are scored at every "
     "validation (0: none)",
@@ -64,7 +66,12 @@ def add(sub) -> None:
     t.add_argument("--model", help="the frozen target (default: the device's default)")
     t.add_argument("--data", type=Path, help="data folder (default: <cache>/train/<model>)")
     t.add_argument("--out", type=Path, help="where the trained drafter or adapter goes (required but for data)")
-    t.add_argument("--resume", action="store_true", help="continue from the last checkpoint (kept beside the data)")
+    t.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the last checkpoint (beside the data; a corpus's in the cache), or eagle, where it "
+        "is gone or older (another machine): from the weights and report --out holds",
+    )
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--start-from", type=Path, help="draft/heads/mtp: continue training these saved weights")
     for option, text in TUNING.items():
@@ -116,7 +123,14 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.what == "data":
         return
     # checkpoints beside the data, but never inside a corpus (the repository's): in the cache
-    runs = (cache_root() / "runs" / target.name if is_corpus(data) else data / "runs") / args.out.name
+    runs = data / "runs" / args.out.name
+    if is_corpus(data):  # one folder per --out (two outs of one name do not share checkpoints)
+        runs = (
+            cache_root()
+            / "runs"
+            / target.name
+            / f"{args.out.name}-{hashlib.sha256(str(args.out.resolve()).encode()).hexdigest()[:8]}"
+        )
     job = TrainJob(target, data, args.out, runs, resume=args.resume, start_from=args.start_from)
     if args.what == "draft":
         cfg = DraftTrainConfig(**given(args, "layers", reduced_vocab="vocab"))

@@ -20,9 +20,11 @@ vocabulary, answer positions weighted 1 and prompt positions `prompt_weight`, st
 """
 
 import json
+import os
 import random
 import time
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import torch
 from torch.nn import functional as F
@@ -52,7 +54,7 @@ from mtp_viz.training.eagle_examples import (
 )
 from mtp_viz.training.features import FeatureStore, is_store, store_sequence
 from mtp_viz.training.heldout import spec_bench_heldout
-from mtp_viz.training.loop import REPORT, TrainJob, restart_state, seed_everything
+from mtp_viz.training.loop import REPORT, TrainJob, restart_state, saved_run, seed_everything
 
 
 def build_drafter(
@@ -204,14 +206,16 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
     if store is None and is_corpus(job.data):
         if not is_complete(job.data):
             raise UserError(f"the corpus in {job.data} is not finished: python -m mtp_viz train corpus finishes it")
-        records = list(read_records(job.data))
+        records = [{k: r[k] for k in ("prompt_ids", "answer_ids", "split")} for r in read_records(job.data)]
     if cfg.regression_weight and store is None and records is None:
         raise UserError("the regression needs the target's final hidden states: train from a corpus or its features")
     layers = tuple(cfg.aux_layers or default_aux_layer_ids(model.config.num_hidden_layers))
     if store is not None and not cfg.aux_layers:  # vLLM's default where the store has it, else the store's
         stored = tuple(store.meta["made_from"]["config"]["aux_layers"])
         layers = layers if set(layers) <= set(stored) else stored
-    restart = restart_state(job.out, asdict(cfg)) if job.can_restart() else None
+    if job.resume and saved_run(job.out):  # a run resumed here or restarted: its settings, not others
+        restart = restart_state(job.out, asdict(cfg))
+    restart = restart if job.can_restart() else None
     if job.start_from is not None or restart is not None:  # trained weights, or a run's as saved (restart)
         drafter = load_eagle3(job.start_from or job.out, embed=model.get_input_embeddings())
         layers = drafter.config.aux_layer_ids
@@ -238,6 +242,7 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
             val_exs = corpus_examples([r for r in records if r["split"] == VALIDATION], model, layers, index, cfg)
             val_exs = spread(val_exs, [len(e.tokens) for e in val_exs], cfg.val_tokens)
             val_exs = [e.ready() for e in val_exs]  # scored at every validation: the target's view once
+            records = None  # the examples keep what they read
         if not train_exs or not val_exs:
             raise UserError(f"the data in {job.data} needs sequences on both sides of the split")
     else:
@@ -276,17 +281,32 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
         "train_tokens": tokens,
         "heldout_vocab_coverage": coverage,
     }
+    if restart and (saved["train_sequences"], saved["train_tokens"]) != (len(train_exs), tokens):
+        raise UserError(
+            f"{job.out} was trained on other data ({saved['train_sequences']} sequences, {saved['train_tokens']} "
+            f"tokens; {job.data} holds {len(train_exs)} and {tokens}): start afresh without --resume"
+        )
     drafter.config = replace(drafter.config, trained_steps=max(cfg.ttt_steps, drafter.config.trained_steps or 0))
 
     def on_step(step: int) -> None:  # the head learns only once the body has had frozen_head_steps
         drafter.lm_head.weight.requires_grad_(step >= cfg.frozen_head_steps)
 
     def on_checkpoint(step: int, history: list[dict]) -> None:  # what another machine restarts from
-        save_eagle3(drafter, job.out, torch.float16)
-        job.report(cfg, started, initial, history, step=step, **sizes)
+        save_whole(drafter, job.out)
+        job.report(cfg, started, initial, history, step=step, **sizes)  # last: it says the weights are there
 
     loss_fn = lambda group: losses(drafter, collate(group), cfg)  # noqa: E731
     history = job.train(params, epoch_batches, loss_fn, validate, cfg.loop, on_step, on_checkpoint, restart)
     drafter.eval()
-    save_eagle3(drafter, job.out, torch.float16)
+    save_whole(drafter, job.out)
     return job.report(cfg, started, initial, history, **sizes)
+
+
+def save_whole(drafter: Eagle3Drafter, out: Path) -> None:
+    """The drafter in `out` in float16 (vLLM's format), each file replaced whole: a run killed while
+    saving leaves the last weights, which another machine may restart from."""
+    saving = out / ".saving"
+    save_eagle3(drafter, saving, torch.float16)
+    for path in saving.iterdir():
+        os.replace(path, out / path.name)
+    saving.rmdir()

@@ -3,9 +3,9 @@ Example: the tokens it reads, the target's features at its aux layers, and the l
 against in draft ids, from a corpus's feature store, straight from a corpus (the target's view
 computed batch by batch: no store), from the older self-distillation set (features computed once
 and cached beside it) or from sequences at hand (the held-out set). A store's sequences (Pending)
-and a corpus's records (Unseen) become examples only when a batch is collated, so RAM stays flat
-however large the corpus; a store may hold more aux layers than a drafter reads (the layer
-ablation trains from one store).
+and a corpus's records (Unseen: their token ids only) become examples only when a batch is
+collated, so RAM stays flat however large the corpus but for the ids; a store may hold more aux
+layers than a drafter reads (the layer ablation trains from one store).
 
 Store or corpus: a store costs one teacher-forced pass over the corpus up front (about 2 h for
 2.35M tokens on a 2-core CPU) and GBs on disk, then every epoch reads it; training straight from
@@ -107,7 +107,8 @@ class Unseen:
         top_ids, top_logp = view.top_ids[0, :-1].int(), view.top_logp[0, :-1].half()
         tokens = torch.tensor(self.ids, dtype=torch.int32)
         seq = Sequence(tokens, self.prompt_len, view.final[0, :-1].half(), top_ids[:, 0], top_ids, top_logp)
-        return example(seq, view.aux[0].half().cpu(), self.index, self.cfg)
+        kept = view.aux[0, -self.cfg.max_tokens :].half().cpu().clone()  # not a view of all its positions
+        return example(seq, kept, self.index, self.cfg)
 
 
 def corpus_examples(
@@ -197,7 +198,8 @@ def store_examples(
     pick = tuple(stored.index(k) for k in layers)
     chosen = store.indices(validation)
     if validation:
-        chosen = spread(chosen, [int(store.starts[s + 1] - store.starts[s]) for s in chosen], cfg.val_tokens)
+        trained = [min(int(store.starts[s + 1] - store.starts[s]), cfg.max_tokens) for s in chosen]
+        chosen = spread(chosen, trained, cfg.val_tokens)  # by the tokens scored, as from a corpus
     return [Pending(store_sequence(store, s), store.sequence(s)["aux"], pick, len(stored), index, cfg) for s in chosen]
 
 

@@ -17,7 +17,9 @@ that must go on elsewhere, where that folder is gone (a fresh machine keeps only
 restarts from what the task saved at its last checkpoint (`on_checkpoint`: its weights and the
 report of the steps done, in `out`): the same batches from the same step on, with a fresh
 optimizer whose rate is warmed up again over `warmup_steps` (Adam's moments are re-estimated
-there). The task passes that saved state as `restart`; `--resume` prefers a checkpoint.
+there), from weights as the task saves them (EAGLE-3: float16, its shipped format, so a restart
+also rounds them once). The task passes that saved state as `restart` where it is further on
+than a checkpoint here (none, or one the run has gone past on another machine).
 """
 
 import json
@@ -34,6 +36,7 @@ from tqdm import tqdm
 
 from mtp_viz.errors import UserError
 from mtp_viz.loading import LoadedModel
+from mtp_viz.measured import write_atomically
 from mtp_viz.training.curves import markdown
 
 CHECKPOINT = "checkpoint.pt"
@@ -102,8 +105,13 @@ class TrainJob:
         )
 
     def can_restart(self) -> bool:
-        """--resume without a checkpoint here: whether `out` holds what a run saved as it went."""
-        return self.resume and self.start_from is None and not (self.runs / CHECKPOINT).exists() and saved_run(self.out)
+        """--resume: whether `out` holds what a run saved as it went, further on than a checkpoint
+        here (none, or an older one: the run went on on another machine since)."""
+        if not (self.resume and self.start_from is None and saved_run(self.out)):
+            return False
+        here = self.runs / CHECKPOINT
+        saved = json.loads((self.out / REPORT).read_text())["step"]
+        return not here.exists() or torch.load(here, weights_only=False)["step"] < saved
 
     def report(self, cfg, started: float, before: dict, history: list[dict], step: int | None = None, **sizes) -> dict:
         """The run's report (settings, data sizes, validation before and during training, the
@@ -117,7 +125,8 @@ class TrainJob:
             "step": history[-1]["step"] if step is None and history else step,
             "seconds": time.perf_counter() - started,
         }
-        (self.out / REPORT).write_text(json.dumps(report, indent=1))
+        text = json.dumps(report, indent=1)  # written whole: another machine may restart from it
+        write_atomically(self.out / REPORT, lambda tmp: tmp.write_text(text), what="a training report")
         (self.out / CURVES).write_text(markdown([{"step": 0, **before}, *history], f"Training {self.out.name}"))
         return report
 
@@ -180,7 +189,11 @@ def train(
     per_epoch = len(epoch_batches(0))
     total = total_steps(per_epoch, cfg)
     step, history, rewarm = 0, [], None  # rewarm: the step a restart began at
-    if resume and (out / CHECKPOINT).exists():
+    if resume and restart is not None:  # the task passes one only where it is further on than a checkpoint
+        state = _continuable(restart, cfg, per_epoch)  # the task has put its saved weights in params
+        step, history, rewarm = state["step"], state["history"], state["step"]
+        log(f"restarted from {restart['path']} at step {step}/{total}: fresh optimizer, warmed up again")
+    elif resume and (out / CHECKPOINT).exists():
         state = _continuable(
             torch.load(out / CHECKPOINT, weights_only=False) | {"path": out / CHECKPOINT}, cfg, per_epoch, out / STABLE
         )
@@ -190,11 +203,8 @@ def train(
         optimizer.load_state_dict(state["optimizer"])
         step, history = state["step"], state["history"]
         torch.set_rng_state(state["torch_rng"])
+        rewarm = state.get("rewarm")
         log(f"resumed from {state['path']} at step {step}/{total}")
-    elif resume and restart is not None:
-        state = _continuable(restart, cfg, per_epoch)  # the task has put its saved weights in params
-        step, history, rewarm = state["step"], state["history"], state["step"]
-        log(f"restarted from {restart['path']} at step {step}/{total}: fresh optimizer, warmed up again")
     decay = cfg.decay_start(total) if cfg.schedule == "wsd" else None
     bar = tqdm(total=total, initial=step, unit="step", desc=f"train {out.name}")
     losses: list[float] = []
@@ -202,11 +212,9 @@ def train(
         if step >= total:
             break
         if step == decay:  # wsd: what a longer run would resume from
-            _save(out / STABLE, params, optimizer, step, history, cfg)
+            _save(out / STABLE, params, optimizer, step, history, cfg, rewarm)
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, total, cfg) * (
-                1.0 if rewarm is None else min(1.0, (step - rewarm + 1) / cfg.warmup_steps)
-            )
+            group["lr"] = lr_at(step, total, cfg) * _rewarmed(step, rewarm, cfg)
         if on_step is not None:
             on_step(step)
         loss, stats = loss_fn(batch)
@@ -224,7 +232,7 @@ def train(
             losses = []
             log(f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in history[-1].items() if k != "step"))
         if step % cfg.checkpoint_every == 0 or step == total:
-            _save(out / CHECKPOINT, params, optimizer, step, history, cfg)
+            _save(out / CHECKPOINT, params, optimizer, step, history, cfg, rewarm)
             if on_checkpoint is not None:
                 on_checkpoint(step, history)
     bar.close()
@@ -268,7 +276,12 @@ def _from(step: int, per_epoch: int, epochs: int, epoch_batches) -> Iterator[tup
             yield epoch, batch
 
 
-def _save(path: Path, params, optimizer, step: int, history: list, cfg: LoopConfig) -> None:
+def _rewarmed(step: int, rewarm: int | None, cfg: LoopConfig) -> float:
+    """The share of the schedule's rate a restarted run uses: warmed up again from `rewarm`."""
+    return 1.0 if rewarm is None else min(1.0, (step - rewarm + 1) / max(1, cfg.warmup_steps))
+
+
+def _save(path: Path, params, optimizer, step: int, history: list, cfg: LoopConfig, rewarm: int | None) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(
         {
@@ -278,6 +291,7 @@ def _save(path: Path, params, optimizer, step: int, history: list, cfg: LoopConf
             "history": history,
             "torch_rng": torch.get_rng_state(),
             "config": asdict(cfg),
+            "rewarm": rewarm,  # a restart's warm-up goes on where a checkpoint inside it resumes
         },
         tmp,
     )
