@@ -213,9 +213,10 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
     if store is not None and not cfg.aux_layers:  # vLLM's default where the store has it, else the store's
         stored = tuple(store.meta["made_from"]["config"]["aux_layers"])
         layers = layers if set(layers) <= set(stored) else stored
+    restart = None
     if job.resume and saved_run(job.out):  # a run resumed here or restarted: its settings, not others
         restart = restart_state(job.out, asdict(cfg))
-    restart = restart if job.can_restart() else None
+        restart = restart if job.can_restart() else None
     if job.start_from is not None or restart is not None:  # trained weights, or a run's as saved (restart)
         drafter = load_eagle3(job.start_from or job.out, embed=model.get_input_embeddings())
         layers = drafter.config.aux_layer_ids
