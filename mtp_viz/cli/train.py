@@ -125,12 +125,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     # checkpoints beside the data, but never inside a corpus (the repository's): in the cache
     runs = data / "runs" / args.out.name
     if is_corpus(data):  # one folder per --out (two outs of one name do not share checkpoints)
-        runs = (
-            cache_root()
-            / "runs"
-            / target.name
-            / f"{args.out.name}-{hashlib.sha256(str(args.out.resolve()).encode()).hexdigest()[:8]}"
-        )
+        out_hash = hashlib.sha256(str(args.out.resolve()).encode()).hexdigest()[:8]
+        runs = cache_root() / "runs" / target.name / f"{args.out.name}-{out_hash}"
     job = TrainJob(target, data, args.out, runs, resume=args.resume, start_from=args.start_from)
     if args.what == "draft":
         cfg = DraftTrainConfig(**given(args, "layers", reduced_vocab="vocab"))
