@@ -198,3 +198,31 @@ def test_eagle_examples_read_the_layers_asked_of_a_store_that_holds_more(corpus,
     sizes = [len(store.sequence(s)["tokens"]) for s in every]
     cut = store_examples(store, (0,), identity, replace(cfg, val_tokens=sum(sizes) // 2), validation=True)
     assert 0 < len(cut) < len(every) and cut[0].tokens.equal(store.sequence(every[0])["tokens"])
+
+
+def test_the_ablation_script_trains_each_variant_once_and_tables_them(corpus, tmp_path, monkeypatch, capsys):
+    """experiments/eagle_ablations.py from one store: each variant a run of its own, a finished run
+    not run again (the script resumes), and a table row per variant from its last validation."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    store, runs = tmp_path / "f", tmp_path / "runs"
+    assert main(["train", "features", "--model", "tiny", "--data", str(corpus), "--out", str(store)]) == 0
+    path = Path(__file__).resolve().parent.parent / "experiments" / "eagle_ablations.py"
+    spec = importlib.util.spec_from_file_location("eagle_ablations", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    argv = [str(path), "--store", str(store), "--steps", "2", "--model", "tiny", "--runs", str(runs)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--only", "base", "norm_before_fc"])
+    capsys.readouterr()
+    script.main()
+    first = capsys.readouterr().out
+    assert first.count("== base: ") == 2 and first.count("== norm_before_fc: ") == 2  # its command, its time
+    rows = [line for line in first.splitlines() if line.startswith("| base |") or line.startswith("| norm_before_fc |")]
+    assert len(rows) == 2 and all(row.count("|") == len(script.COLUMNS) + 3 for row in rows)
+    config = json.loads((runs / "norm_before_fc" / "training.json").read_text())["config"]
+    assert config["norm_before_fc"] is True and config["loop"]["schedule"] == "wsd"
+    script.main()  # both finished: nothing trained again, the same table
+    again = capsys.readouterr().out
+    assert "== " not in again and [r for r in again.splitlines() if r.startswith("| base |")] == rows[:1]
