@@ -43,7 +43,7 @@ def check(model, examples: list[eagle.Example], prompt_lens: list[int], cfg: eag
         argmax, margin, features = direct(model, ex.tokens)
         torch.testing.assert_close(batch["features"][0].float(), features, atol=2e-2, rtol=1e-2)
         for j in range(1, STEPS + 1):
-            labels, _, _, weight = eagle._labels(batch, j, t)
+            labels, _, _, weight = eagle._labels(batch, j, torch.arange(t)[None])
             read = torch.nn.functional.pad(batch["tokens"], (0, j))[0, j : j + t]  # as unroll feeds step j
             for i in range(t):
                 if i + j > n - 2:  # past the last token: no label

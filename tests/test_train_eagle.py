@@ -14,7 +14,17 @@ from mtp_viz.loading import load_model
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.training.data import Sequence
-from mtp_viz.training.eagle import EagleTrainConfig, Example, build_drafter, collate, losses, unroll, vocab_tokens
+from mtp_viz.training.eagle import (
+    EagleTrainConfig,
+    Example,
+    _labels,
+    build_drafter,
+    chain_bases,
+    collate,
+    losses,
+    unroll,
+    vocab_tokens,
+)
 
 
 def _drafter(seed: int = 0):
@@ -66,6 +76,40 @@ def test_training_time_test_computes_what_drafting_computes():
     short_alone = dict(unroll(drafter, collate([short]), steps))
     for j in range(1, steps + 1):
         assert torch.allclose(trained[j][1, :6], short_alone[j][0], atol=1e-4)
+
+
+@torch.no_grad()
+def test_chains_from_where_labels_count_are_the_chains_every_base_computes():
+    """With prompt positions unweighted, a loss unrolls only the chains from each row's first
+    counted label on, left-aligned (T' < T): each is what unrolling every base gives that chain,
+    with the same labels; the padding of the shorter row is not counted."""
+    _, drafter = _drafter()
+    g = torch.Generator().manual_seed(3)
+    rows = []
+    for n, prompt in ((12, 6), (8, 2)):
+        ex = _example(torch.randint(0, 64, (n,), generator=g), torch.randn(n, drafter.config.fc_input_size))
+        ex.argmax[:] = torch.randint(0, 12, (n,), generator=g)
+        ex.weight[:prompt], ex.weight[-1] = 0.0, 0.0  # a prompt; the last position has no label
+        rows.append(ex)
+    batch = collate(rows)
+    bases, real = chain_bases(batch)
+    assert bases[0, 0] == 5 and bases[1, 0] == 1  # base i's first label is position i + 1's
+    assert real.sum(1).tolist() == [5, 5] and bases.shape[1] == 5 < batch["tokens"].shape[1] - 1
+    steps = 3
+    every = dict(unroll(drafter, batch, steps))
+    chosen = dict(unroll(drafter, batch, steps, bases=bases))
+    t = batch["tokens"].shape[1] - 1
+    all_bases = torch.arange(t).expand(2, t)
+    for j in range(1, steps + 1):
+        labels, full = _labels(batch, j, bases, real), _labels(batch, j, all_bases)
+        for b in range(2):
+            for r in range(bases.shape[1]):
+                i = int(bases[b, r])
+                if not real[b, r]:
+                    assert labels[3][b, r] == 0
+                    continue
+                torch.testing.assert_close(chosen[j][b, r], every[j][b, i], atol=1e-4, rtol=1e-4)
+                assert all(torch.equal(x[b, r], y[b, i]) for x, y in zip(labels, full, strict=True))
 
 
 def test_losses_fall_on_a_batch_it_trains_on():

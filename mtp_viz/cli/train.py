@@ -39,6 +39,8 @@ TUNING = {
     "--frozen-head-steps": "eagle: optimizer steps the head (the target's rows at first) stays frozen",
     "--heldout": "eagle: Spec-Bench prompts a category whose answers (the target's) are scored at every "
     "validation (0: none)",
+    "--prompt-weight": "eagle: loss weight of prompt positions (0, the default: chains based in a prompt, which "
+    "drafting never starts, are not computed)",
     "--aux-layers": "eagle: the target layers whose residual streams the drafter reads, e.g. 2,15,27",
     "--vocab": "reduced vocabulary size",
     "--k-max": "mtp: most predictions per forward trained (1 + masks)",
@@ -50,7 +52,14 @@ TUNING = {
     "--schedule": "learning rate after warm-up: cosine (to zero at the run's end), constant, or wsd "
     "(warmup-stable-decay); a constant or wsd run can be made longer with --resume and more --steps or --epochs",
 }
-TYPES = {"--gating": str, "--lr": float, "--aux-layers": str, "--schedule": str, "--regression": float}
+TYPES = {
+    "--gating": str,
+    "--lr": float,
+    "--aux-layers": str,
+    "--schedule": str,
+    "--regression": float,
+    "--prompt-weight": float,
+}
 
 
 def add(sub) -> None:
@@ -101,7 +110,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         mask_cfg = MaskTrainConfig(**given(args, "k_max", "rank", "gating"), loop=mask_loop)
     if args.what == "eagle":
         named = given(args, "ttt_steps", "vocab_from", "frozen_head_steps", reduced_vocab="vocab")
-        named |= given(args, heldout_per_category="heldout", regression_weight="regression")
+        named |= given(args, "prompt_weight", heldout_per_category="heldout", regression_weight="regression")
         named |= {"norm_before_fc": True} if args.norm_before_fc else {}
         eagle_cfg = EagleTrainConfig(**named, aux_layers=aux_layers(args))
         eagle_loop = replace(eagle_cfg.loop, seed=args.seed, **loop, **given(args, max_steps="steps"))

@@ -15,8 +15,8 @@ target's features) and to its own chain's entries of steps 2..j, as the drafter 
 when it drafts. Tokens are the sequence's own (a draft only counts while every earlier draft was
 right). Step j of chain i is scored against the target's view of position i+j (the token after
 next): cross entropy to its argmax and to its top-k distribution renormalised over the draft
-vocabulary, answer positions weighted 1 and prompt positions `prompt_weight`, step j weighted
-`step_decay` ** (j − 1).
+vocabulary, answer positions weighted 1 and prompt positions `prompt_weight` (0: then only chains
+from a prompt's end on are computed: chain_bases), step j weighted `step_decay` ** (j − 1).
 """
 
 import json
@@ -96,31 +96,61 @@ def heldout_agreement(drafter: Eagle3Drafter, exs: list[Example], steps: int) ->
     return {"heldout_" + k.removeprefix("val_"): v for k, v in agreement(drafter, exs, steps).items()}
 
 
-def unroll(drafter: Eagle3Drafter, batch: dict[str, torch.Tensor], steps: int, states: list | None = None):
-    """Training-time test: yields (step j, draft logits (B, T, V_d)) for j = 1..steps over every
-    chain base i < T = L − 1 (see the module docstring); `states`, if given, gets each step's
-    normed state (B, T, H), the one its head reads."""
+def chain_bases(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chain bases a loss reads, row by row: from the first whose step-1 label counts (weight
+    > 0) to the last, left-aligned as (B, T') positions with a (B, T') mask of the real ones (the
+    rest repeat a real base). With prompt positions unweighted, chains based in a prompt, which
+    drafting never starts, are not computed: a row's answer decides T', not its prompt."""
+    counts = batch["weight"][:, 1:] > 0  # base i's step-1 label is position i + 1's
+    t = counts.shape[1]
+    idx = torch.arange(t).expand_as(counts)
+    first = torch.where(counts, idx, t).min(1).values
+    last = torch.where(counts, idx, -1).max(1).values
+    width = max(1, int((last - first + 1).clamp(min=0).max()))
+    pos = first.clamp(max=t - 1)[:, None] + torch.arange(width)
+    return pos.clamp(max=t - 1), pos <= last[:, None]
+
+
+def unroll(
+    drafter: Eagle3Drafter,
+    batch: dict[str, torch.Tensor],
+    steps: int,
+    states: list | None = None,
+    bases: torch.Tensor | None = None,
+):
+    """Training-time test: yields (step j, draft logits (B, T', V_d)) for j = 1..steps over the
+    chain bases `bases` (B, T') of each row (default every base i < T = L − 1, the same in each
+    row; see the module docstring); `states`, if given, gets each step's normed state (B, T', H),
+    the one its head reads. Step 1 reads its keys and values at every position: the committed
+    prefix the chains attend to."""
     layer, c = drafter.midlayer, drafter.config
+    attn = layer.self_attn
     tokens = batch["tokens"]
     b, length = tokens.shape
     t = length - 1
-    hidden = drafter.fuse(batch["features"][:, :t].float())  # (B, T, H)
-    keys, values = [], []
-    base = torch.arange(t)
+    bases = torch.arange(t).expand(b, t) if bases is None else bases
+    width = bases.shape[1]
+    fused = drafter.fuse(batch["features"][:, :t].float())  # (B, T, H)
+    row = lambda x: x.gather(1, bases[..., None].expand(-1, -1, x.shape[-1]))  # noqa: E731  (B, T, *) → (B, T', *)
+    x = torch.cat([layer.input_layernorm(drafter.embed_tokens(tokens[:, 1:])), layer.hidden_norm(fused)], -1)
+    k = attn.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)  # (B, kv, T, d)
+    cos, sin = drafter.rotary(fused, torch.arange(t)[None])
+    keys, values = [_rotated(k, cos, sin)], [attn.v_proj(x).view(b, t, -1, c.head_dim).transpose(1, 2)]
+    prefix = torch.arange(t)[None, None] <= bases[..., None]  # (B, T', T): base i sees step 1's entries ≤ i
+    hidden, x = row(fused), row(x)
     for j in range(1, steps + 1):
-        step_tokens = F.pad(tokens, (0, j))[:, j : j + t]  # token i+j for chain i
-        x = torch.cat([layer.input_layernorm(drafter.embed_tokens(step_tokens)), layer.hidden_norm(hidden)], -1)
-        attn = layer.self_attn
-        q = attn.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)  # (B, h, T, d)
-        k = attn.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)  # (B, kv, T, d)
-        v = attn.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        cos, sin = drafter.rotary(hidden, (base + j - 1)[None])  # (1, T, d)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        keys.append(k)
-        values.append(v)
-        mask = _ttt_mask(t, j)  # (T, j·T): step 1's entries causally, then each later step's own chain
+        if j > 1:
+            step_tokens = F.pad(tokens, (0, j)).gather(1, bases + j)  # token i+j for chain i
+            x = torch.cat([layer.input_layernorm(drafter.embed_tokens(step_tokens)), layer.hidden_norm(hidden)], -1)
+        cos, sin = drafter.rotary(hidden, bases + j - 1)  # (B, T', d)
+        q = _rotated(attn.q_proj(x).view(b, width, c.num_attention_heads, c.head_dim).transpose(1, 2), cos, sin)
+        if j > 1:
+            keys.append(_rotated(attn.k_proj(x).view(b, width, -1, c.head_dim).transpose(1, 2), cos, sin))
+            values.append(attn.v_proj(x).view(b, width, -1, c.head_dim).transpose(1, 2))
+        own = torch.eye(width, dtype=torch.bool).expand(b, width, width)
+        mask = torch.cat([prefix] + [own] * (j - 1), dim=2)[:, None]  # then each later step's own chain
         y = F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2), attn_mask=mask, enable_gqa=True)
-        h = hidden + attn.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+        h = hidden + attn.o_proj(y.transpose(1, 2).reshape(b, width, -1))
         hidden = h + layer.mlp(layer.post_attention_layernorm(h))
         normed = drafter.norm(hidden)
         if states is not None:
@@ -128,38 +158,42 @@ def unroll(drafter: Eagle3Drafter, batch: dict[str, torch.Tensor], steps: int, s
         yield j, drafter.lm_head(normed)
 
 
-def _ttt_mask(t: int, steps: int) -> torch.Tensor:
-    first = torch.ones(t, t, dtype=torch.bool).tril()
-    return torch.cat([first] + [torch.eye(t, dtype=torch.bool)] * (steps - 1), dim=1)
+def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary positions applied to (B, heads, T, d) by (B or 1, T, d) angles."""
+    return apply_rotary_pos_emb(x, x, cos, sin)[0]
 
 
-def _labels(batch: dict[str, torch.Tensor], j: int, t: int) -> tuple[torch.Tensor, ...]:
-    """The labels of step j for chain bases 0..t−1: the target's view of position i + j."""
+def _at(x: torch.Tensor, j: int, bases: torch.Tensor, fill) -> torch.Tensor:
+    """x (B, L, *) at positions bases + j (B, T'), `fill` past the end."""
+    padded = F.pad(x, (0, 0, 0, j) if x.dim() == 3 else (0, j), value=fill)
+    index = bases + j
+    return padded.gather(1, index[..., None].expand(-1, -1, x.shape[2]) if x.dim() == 3 else index)
 
-    def shifted(x: torch.Tensor, fill) -> torch.Tensor:
-        pad = (0, 0, 0, j) if x.dim() == 3 else (0, j)
-        return F.pad(x, pad, value=fill)[:, j : j + t]
 
+def _labels(batch: dict[str, torch.Tensor], j: int, bases: torch.Tensor, real: torch.Tensor | None = None):
+    """The labels of step j for chain bases `bases` (B, T'): the target's view of position i + j;
+    weight 0 where `real` (B, T') is False."""
+    weight = _at(batch["weight"], j, bases, 0.0)
     return (
-        shifted(batch["argmax"], -1),
-        shifted(batch["topk_ids"], -1),
-        shifted(batch["topk_p"], 0.0),
-        shifted(batch["weight"], 0.0),
+        _at(batch["argmax"], j, bases, -1),
+        _at(batch["topk_ids"], j, bases, -1),
+        _at(batch["topk_p"], j, bases, 0.0),
+        weight if real is None else weight * real,
     )
 
 
 def losses(drafter: Eagle3Drafter, batch: dict[str, torch.Tensor], cfg: EagleTrainConfig):
     total, stats = 0.0, {}
-    t = batch["tokens"].shape[1] - 1
+    bases, real = chain_bases(batch)
     states = [] if cfg.regression_weight else None
-    for j, logits in unroll(drafter, batch, cfg.ttt_steps, states):
-        argmax, ids, p, weight = _labels(batch, j, t)
+    for j, logits in unroll(drafter, batch, cfg.ttt_steps, states, bases):
+        argmax, ids, p, weight = _labels(batch, j, bases, real)
         logp = torch.log_softmax(logits.float(), -1)  # (B, T, V_d)
         hard = -logp.gather(-1, argmax.clamp(min=0)[..., None])[..., 0] * (argmax >= 0)
         soft = -(p * logp.gather(-1, ids.clamp(min=0))).sum(-1)
         per = (hard + cfg.soft_weight * soft) * weight
         if states is not None:  # toward the state the target's head read at the labelled position
-            goal = F.pad(batch["hidden"], (0, 0, 0, j))[:, j : j + t].float()
+            goal = _at(batch["hidden"], j, bases, 0.0).float()
             per = per + cfg.regression_weight * F.smooth_l1_loss(states[-1], goal, reduction="none").mean(-1) * weight
         loss = per.sum() / weight.sum().clamp(min=1)
         total = total + cfg.step_decay ** (j - 1) * loss
@@ -177,11 +211,12 @@ def agreement(drafter: Eagle3Drafter, exs: list[Example | Pending], steps: int, 
     complete = 0.0
     for group in batches_of(exs, budget, random.Random(0)):
         batch = collate(group)
-        t = batch["tokens"].shape[1] - 1
+        b, length = batch["tokens"].shape
+        bases = torch.arange(length - 1).expand(b, -1)  # every chain: the same chains as ever
         reach = alive = None
         alives = []
         for j, logits in unroll(drafter, batch, steps):
-            argmax, _, _, weight = _labels(batch, j, t)
+            argmax, _, _, weight = _labels(batch, j, bases)
             answer = weight == 1.0
             ok = logits.argmax(-1) == argmax
             right[j - 1] += float((ok & answer).sum())

@@ -37,7 +37,7 @@ class EagleTrainConfig:
     tokens_per_batch: int = 4096  # padded tokens per optimizer step
     step_decay: float = 0.8
     soft_weight: float = 0.5
-    prompt_weight: float = 0.2
+    prompt_weight: float = 0.0  # 0: only chains from a prompt's end on are computed (the shipped drafter: 0.2)
     holdout_every: int = 20
     heldout_per_category: int = PER_CATEGORY  # Spec-Bench answers scored at every validation (0: none)
     norm_before_fc: bool = False  # an RMSNorm over the concatenated features before `fc` (an ablation)
