@@ -214,6 +214,7 @@ def test_train_mtp_writes_an_adapter_a_report_and_resumes(trained, capsys):
     tiny, common, flags, out = trained
     report = json.loads((out / "training.json").read_text())
     assert report["history"][-1]["step"] == 4 and "val_tokens_per_forward" in report["history"][-1]
+    assert {"heldout_top1_mask1", "heldout_tokens_per_forward"} <= set(report["before"])  # the Spec-Bench answers
     assert report["config"]["k_max"] == 3 and report["adapter_parameters"] > 0
     spec = json.loads((out / "mask_model.json").read_text())
     assert spec["gating"] == MASK_ONLY and spec["trained_k"] == 3

@@ -51,7 +51,10 @@ def test_train_data_draft_and_heads_end_to_end(tiny_dir, tmp_path, capsys):
     assert len(draft.model.layers) == 2 and draft.lm_head.weight.shape == (20, target.model.config.hidden_size)
     assert draft.model.embed_tokens is target.model.model.embed_tokens  # shared, not shipped
     report = json.loads((draft_dir / "training.json").read_text())
-    assert report["history"] and "val_agreement" in report["history"][-1]
+    assert report["history"] and {"val_agreement", "heldout_agreement"} <= set(report["history"][-1])
+    assert {"heldout_top1_depth1", "heldout_top1_depth2"} <= set(
+        json.loads((heads_dir / "training.json").read_text())["before"]
+    )
 
     # The trained draft drives speculative decoding, which stays lossless.
     prompt = [4, 5, 6, 7, 4, 5]

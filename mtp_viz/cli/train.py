@@ -37,8 +37,8 @@ TUNING = {
     "--regression": "eagle: weight of a hidden-state regression term beside the cross entropy (needs a corpus or "
     "its feature store)",
     "--frozen-head-steps": "eagle: optimizer steps the head (the target's rows at first) stays frozen",
-    "--heldout": "eagle: Spec-Bench prompts a category whose answers (the target's) are scored at every "
-    "validation (0: none)",
+    "--heldout": "draft, heads, eagle, mtp: Spec-Bench prompts a category whose answers (the target's) are "
+    "scored at every validation (0: none)",
     "--prompt-weight": "eagle: loss weight of prompt positions (0, the default: chains based in a prompt, which "
     "drafting never starts, are not computed)",
     "--aux-layers": "eagle: the target layers whose residual streams the drafter reads, e.g. 2,15,27",
@@ -107,7 +107,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         raise UserError(f"train {args.what} needs --out DIR")
     if args.what == "mtp":  # settings checked before anything loads
         mask_loop = replace(MaskTrainConfig().loop, seed=args.seed, **loop, **given(args, max_steps="steps"))
-        mask_cfg = MaskTrainConfig(**given(args, "k_max", "rank", "gating"), loop=mask_loop)
+        named = given(args, "k_max", "rank", "gating", heldout_per_category="heldout")
+        mask_cfg = MaskTrainConfig(**named, loop=mask_loop)
     if args.what == "eagle":
         named = given(args, "ttt_steps", "vocab_from", "frozen_head_steps", reduced_vocab="vocab")
         named |= given(args, "prompt_weight", heldout_per_category="heldout", regression_weight="regression")
@@ -138,10 +139,10 @@ def cmd_train(args: argparse.Namespace) -> None:
         runs = cache_root() / "runs" / target.name / f"{args.out.name}-{out_hash}"
     job = TrainJob(target, data, args.out, runs, resume=args.resume, start_from=args.start_from)
     if args.what == "draft":
-        cfg = DraftTrainConfig(**given(args, "layers", reduced_vocab="vocab"))
+        cfg = DraftTrainConfig(**given(args, "layers", reduced_vocab="vocab", heldout_per_category="heldout"))
         report = train_draft(job, replace(cfg, loop=replace(cfg.loop, seed=args.seed, **loop)))
     elif args.what == "heads":
-        cfg = HeadsTrainConfig(**given(args, "depth", reduced_vocab="vocab"))
+        cfg = HeadsTrainConfig(**given(args, "depth", reduced_vocab="vocab", heldout_per_category="heldout"))
         report = train_heads(job, replace(cfg, loop=replace(cfg.loop, seed=args.seed, **loop)))
     elif args.what == "eagle":
         report = train_eagle(job, eagle_cfg)

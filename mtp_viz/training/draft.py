@@ -18,6 +18,7 @@ from mtp_viz.drafters.draft import DraftSpec, build_draft, load_draft, read_spec
 from mtp_viz.drafters.vocab import frequent_tokens
 from mtp_viz.training.data import Sequence
 from mtp_viz.training.features import training_sequences
+from mtp_viz.training.heldout import PER_CATEGORY, as_heldout, spec_bench_heldout
 from mtp_viz.training.loop import LoopConfig, TrainJob, seed_everything
 
 
@@ -29,6 +30,7 @@ class DraftTrainConfig:
     prompt_weight: float = 0.2
     soft_weight: float = 0.5
     holdout_every: int = 20  # every n-th cached sequence is held out for validation
+    heldout_per_category: int = PER_CATEGORY  # Spec-Bench answers scored at every validation (0: none)
     loop: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=2, lr=5e-4))
 
 
@@ -141,14 +143,21 @@ def train_draft(job: TrainJob, cfg: DraftTrainConfig) -> dict:
     params = trained_parameters(draft)
     for p in params.values():
         p.requires_grad_(True)
-    val_batches = [collate(g, index, 1.0) for g in batches_of(val_seqs, cfg.tokens_per_batch, random.Random(0))]
+
+    def scored(seqs: list[Sequence]) -> list[Batch]:
+        return [collate(g, index, 1.0) for g in batches_of(seqs, cfg.tokens_per_batch, random.Random(0))]
+
+    val_batches = scored(val_seqs)
+    heldout = []
+    if cfg.heldout_per_category:  # the Spec-Bench answers, scored as the validation side is
+        heldout = scored(spec_bench_heldout(job.target, cfg.heldout_per_category, log=job.log))
 
     def epoch_batches(epoch: int) -> list[list[Sequence]]:
         return batches_of(train_seqs, cfg.tokens_per_batch, random.Random(cfg.loop.seed * 1000 + epoch))
 
     def validate() -> dict[str, float]:
         draft.eval()
-        result = agreement(draft, val_batches)
+        result = agreement(draft, val_batches) | (as_heldout(agreement(draft, heldout)) if heldout else {})
         draft.train()
         return result
 

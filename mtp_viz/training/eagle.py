@@ -53,7 +53,7 @@ from mtp_viz.training.eagle_examples import (
     vocab_tokens,
 )
 from mtp_viz.training.features import FeatureStore, is_store, store_sequence
-from mtp_viz.training.heldout import spec_bench_heldout
+from mtp_viz.training.heldout import as_heldout, spec_bench_heldout
 from mtp_viz.training.loop import REPORT, TrainJob, restart_state, saved_run, seed_everything
 
 
@@ -89,11 +89,6 @@ def build_drafter(
 def trained_parameters(drafter: Eagle3Drafter) -> dict[str, torch.nn.Parameter]:
     """Everything but the shared embedding."""
     return {n: p for n, p in drafter.named_parameters() if not n.startswith("embed_tokens.")}
-
-
-def heldout_agreement(drafter: Eagle3Drafter, exs: list[Example], steps: int) -> dict[str, float]:
-    """agreement() on the held-out Spec-Bench answers, its keys prefixed `heldout_`."""
-    return {"heldout_" + k.removeprefix("val_"): v for k, v in agreement(drafter, exs, steps).items()}
 
 
 def chain_bases(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -300,7 +295,7 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
         drafter.eval()
         result = agreement(drafter, val_exs, cfg.ttt_steps)
         if heldout:
-            result |= heldout_agreement(drafter, heldout, cfg.ttt_steps)
+            result |= as_heldout(agreement(drafter, heldout, cfg.ttt_steps))
         drafter.train()
         return result
 

@@ -20,6 +20,7 @@ from mtp_viz.drafters.vocab import frequent_tokens
 from mtp_viz.kernels import plan_of, use_fast_linears
 from mtp_viz.training.data import Sequence, load_sequences
 from mtp_viz.training.features import FeatureStore, is_store, store_sequence
+from mtp_viz.training.heldout import PER_CATEGORY, as_heldout, spec_bench_heldout
 from mtp_viz.training.loop import LoopConfig, TrainJob, seed_everything
 
 
@@ -32,6 +33,7 @@ class HeadsTrainConfig:
     soft_weight: float = 0.5
     regression_weight: float = 0.1
     holdout_every: int = 20
+    heldout_per_category: int = PER_CATEGORY  # Spec-Bench answers scored at every validation (0: none)
     loop: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=1, lr=1e-3))
 
 
@@ -196,6 +198,9 @@ def train_heads(job: TrainJob, cfg: HeadsTrainConfig) -> dict:
         val_data = positions(val_seqs, index, cfg.depth)
         del val_seqs
     del train_seqs
+    heldout = None
+    if cfg.heldout_per_category:
+        heldout = positions(spec_bench_heldout(job.target, cfg.heldout_per_category, log=job.log), index, cfg.depth)
     params = trained_parameters(heads)
     n = len(train_data.record)
     per_epoch = max(1, n // cfg.positions_per_batch)
@@ -207,6 +212,7 @@ def train_heads(job: TrainJob, cfg: HeadsTrainConfig) -> dict:
     def validate() -> dict[str, float]:
         heads.eval()
         result = agreement(heads, val_data, cfg.depth)
+        result |= as_heldout(agreement(heads, heldout, cfg.depth)) if heldout is not None else {}
         heads.train()
         return result
 

@@ -72,6 +72,12 @@ def spec_bench_heldout(
     return [teacher_view(target.model, r["prompt_ids"], r["answer_ids"]) for r in records]
 
 
+def as_heldout(scores: dict[str, float]) -> dict[str, float]:
+    """A trainer's validation scores of the held-out set, named as such (val_x → heldout_x): every
+    trainer reports them beside its own validation, so drafters compare on the same answers."""
+    return {"heldout_" + k.removeprefix("val_"): v for k, v in scores.items()}
+
+
 @torch.inference_mode()
 def teacher_view(model, prompt_ids: list[int], answer_ids: list[int]) -> Sequence:
     """A prompt and answer with the target's view of every position that has a next token, recorded

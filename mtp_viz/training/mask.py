@@ -42,6 +42,7 @@ from mtp_viz.errors import UserError
 from mtp_viz.kernels import stock_linears
 from mtp_viz.training.data import Sequence
 from mtp_viz.training.features import training_sequences
+from mtp_viz.training.heldout import PER_CATEGORY, as_heldout, spec_bench_heldout
 from mtp_viz.training.loop import LoopConfig, TrainJob, seed_everything
 
 
@@ -57,6 +58,7 @@ class MaskTrainConfig:
     holdout_every: int = 20
     val_sequences: int = 12
     val_stride: int = 3  # validation regions at every n-th answer position, with k = k_max
+    heldout_per_category: int = PER_CATEGORY  # Spec-Bench answers scored at every validation (0: none)
     loop: LoopConfig = field(
         default_factory=lambda: LoopConfig(
             epochs=20, lr=1e-3, warmup_steps=30, eval_every=50, checkpoint_every=25, max_steps=600
@@ -253,6 +255,21 @@ def validate(view, val: list[Packed], mask_token_id: int, shared_prefix: bool) -
     return result
 
 
+def validation_packs(seqs: list[Sequence], cfg: "MaskTrainConfig") -> list[Packed]:
+    """`seqs` packed for validate(): regions every `val_stride` answer positions, k_max slots each."""
+    out = []
+    for group in packs(seqs, cfg.tokens_per_batch, cfg.max_len, torch.arange(len(seqs))):
+        chosen = [seqs[i] for i in group]
+        regions = [
+            Region(i, t, min(cfg.k_max, min(len(s.tokens), cfg.max_len) - t))
+            for i, s in enumerate(chosen)
+            for t in range(s.prompt_len - 1, min(len(s.tokens), cfg.max_len) - 2, cfg.val_stride)
+        ]
+        if regions:
+            out.append(pack(chosen, regions, cfg.max_len))
+    return out
+
+
 def train_mask(job: TrainJob, cfg: MaskTrainConfig) -> dict:
     """Train and save a mask-token adapter in `job.out`; returns the report. `out` holds the latest
     validated adapter from the first validation on, so a stopped run ships."""
@@ -288,16 +305,11 @@ def train_mask(job: TrainJob, cfg: MaskTrainConfig) -> dict:
         p.requires_grad_(True)
     shared_prefix = cfg.gating == MASK_ONLY
     mask_id = spec.mask_token_id
-    val_packs = []
-    for group in packs(val_seqs, cfg.tokens_per_batch, cfg.max_len, torch.arange(len(val_seqs))):
-        seqs = [val_seqs[i] for i in group]
-        regions = [
-            Region(i, t, min(cfg.k_max, min(len(s.tokens), cfg.max_len) - t))
-            for i, s in enumerate(seqs)
-            for t in range(s.prompt_len - 1, min(len(s.tokens), cfg.max_len) - 2, cfg.val_stride)
-        ]
-        if regions:
-            val_packs.append(pack(seqs, regions, cfg.max_len))
+    val_packs = validation_packs(val_seqs, cfg)
+    heldout = []
+    if cfg.heldout_per_category:  # the Spec-Bench answers, scored as the validation side is
+        seqs = spec_bench_heldout(job.target, cfg.heldout_per_category, log=job.log)
+        heldout = validation_packs([fitted(s, cfg.max_len) for s in seqs], cfg)
 
     def epoch_batches(epoch: int) -> list[tuple[list[Sequence], list[Region]]]:
         g = torch.Generator().manual_seed(cfg.loop.seed * 1000 + epoch)
@@ -319,11 +331,13 @@ def train_mask(job: TrainJob, cfg: MaskTrainConfig) -> dict:
     def validated() -> dict[str, float]:
         view.eval()
         result = validate(view, val_packs, mask_id, shared_prefix)
+        result |= as_heldout(validate(view, heldout, mask_id, shared_prefix)) if heldout else {}
         save_mask_model(view, job.out)  # the latest validated adapter is always the shipped one
         return result
 
     with stock_linears(view):
         initial = validate(view, val_packs, mask_id, shared_prefix)
+        initial |= as_heldout(validate(view, heldout, mask_id, shared_prefix)) if heldout else {}
         job.log(f"mask model: {len(train_seqs)} training sequences, k_max {cfg.k_max}; before training: {initial}")
         history = job.train(params, epoch_batches, loss_fn, validated, cfg.loop)
     save_mask_model(view, job.out)
