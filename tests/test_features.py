@@ -226,3 +226,39 @@ def test_the_ablation_script_trains_each_variant_once_and_tables_them(corpus, tm
     script.main()  # both finished: nothing trained again, the same table
     again = capsys.readouterr().out
     assert "== " not in again and [r for r in again.splitlines() if r.startswith("| base |")] == rows[:1]
+
+
+def test_the_retraining_script_trains_each_drafter_from_the_store_and_tables_before_and_after(
+    corpus, tmp_path, monkeypatch, capsys
+):
+    """experiments/retrain_drafters.py: heads, draft and mask adapter each trained from one store
+    (afresh here: the shipped weights are the embedded model's), a finished run not run again, and
+    their held-out scores before and after in one table; from shipped weights, each run carries
+    their own settings."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    store, runs = tmp_path / "f", tmp_path / "runs"
+    assert main(["train", "features", "--model", "tiny", "--data", str(corpus), "--out", str(store)]) == 0
+    path = Path(__file__).resolve().parent.parent / "experiments" / "retrain_drafters.py"
+    spec = importlib.util.spec_from_file_location("retrain_drafters", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    argv = [str(path), "--store", str(store), "--model", "tiny", "--runs", str(runs), "--fresh", "--mtp-steps", "2"]
+    monkeypatch.setattr(sys, "argv", argv)
+    capsys.readouterr()
+    script.main()
+    out = capsys.readouterr().out
+    assert all(out.count(f"== {kind}: ") == 2 for kind in ("heads", "draft", "mtp"))
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| drafter")]
+    decided = {line.split(" | ")[0][2:] for line in rows if line.endswith("| after |") or line.endswith("| before |")}
+    assert decided == {"heads", "draft", "mtp"}  # each drafter's deciding figure, held out
+    assert any(line.startswith("| heads | top1_depth1 |") for line in rows)
+    script.main()  # all finished: nothing trained again
+    assert "== " not in capsys.readouterr().out
+    shipped = script.KINDS["mtp"][0]
+    cmd = script.command("mtp", store, tmp_path / "m", shipped, None, 5)
+    config = json.loads((shipped / "training.json").read_text())["config"]
+    assert cmd[cmd.index("--k-max") + 1] == str(config["k_max"]) and cmd[cmd.index("--gating") + 1] == config["gating"]
+    assert cmd[cmd.index("--start-from") + 1] == str(shipped) and cmd[cmd.index("--steps") + 1] == "5"
