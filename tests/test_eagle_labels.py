@@ -50,7 +50,7 @@ def check(model, examples: list[eagle.Example], prompt_lens: list[int], cfg: eag
                     assert labels[0, i] == -1 and weight[0, i] == 0
                     continue
                 assert read[i] == ex.tokens[i + j]
-                if margin[i + j] > 1e-3:
+                if margin[i + j] > 1e-3 and weight[0, i] > 0:  # the labels a loss reads (a prompt's may be left out)
                     assert labels[0, i] == argmax[i + j], (i, j)
                     checked += 1
                 assert weight[0, i] == (1.0 if i + j >= prompt_len - 1 else cfg.prompt_weight)
@@ -106,5 +106,6 @@ def test_a_corpus_record_becomes_the_example_its_stored_sequence_becomes(target,
         assert len(a.tokens) == len(b.tokens) == 12 and torch.equal(a.tokens, b.tokens)
         assert torch.equal(a.weight, b.weight)
         torch.testing.assert_close(a.features.float(), b.features.float(), atol=2e-2, rtol=1e-2)
-        assert (a.argmax == b.argmax).float().mean() >= 0.9  # a near-tie may fall either way in fp32
-        torch.testing.assert_close(a.topk_p, b.topk_p, atol=2e-2, rtol=1e-2)
+        read = a.weight > 0  # the labels a loss reads (the corpus road computes no others)
+        assert read.any() and (a.argmax == b.argmax)[read].float().mean() >= 0.9  # a near-tie may fall either way
+        torch.testing.assert_close(a.topk_p[read], b.topk_p[read], atol=2e-2, rtol=1e-2)

@@ -102,8 +102,10 @@ class Unseen:
     cfg: "EagleTrainConfig"
 
     def ready(self) -> Example:
+        # labels only where a loss or a score reads them: in the window, and from the prompt's last position
+        first = max(0, len(self.ids) - self.cfg.max_tokens, self.prompt_len - 1 if self.cfg.prompt_weight == 0 else 0)
         with torch.no_grad():  # not inference_mode: the features enter the drafter's autograd graph
-            view = target_view(self.model, [self.ids], self.layers, FeatureConfig(self.layers).top_k)
+            view = target_view(self.model, [self.ids], self.layers, FeatureConfig(self.layers).top_k, first)
         top_ids, top_logp = view.top_ids[0, :-1].int(), view.top_logp[0, :-1].half()
         tokens = torch.tensor(self.ids, dtype=torch.int32)
         seq = Sequence(tokens, self.prompt_len, view.final[0, :-1].half(), top_ids[:, 0], top_ids, top_logp)

@@ -187,9 +187,12 @@ class TargetView:
     top_logp: torch.Tensor  # (B, T, K): their log-probabilities
 
 
-def target_view(model, batch: list[list[int]], aux_layers: tuple[int, ...], top_k: int) -> TargetView:
+def target_view(
+    model, batch: list[list[int]], aux_layers: tuple[int, ...], top_k: int, labelled_from: int = 0
+) -> TargetView:
     """One teacher-forced forward of `batch` (token lists, right padded: causal, so padding never
-    reaches a real position), with the checks a float16 copy needs."""
+    reaches a real position), with the checks a float16 copy needs. The head reads positions from
+    `labelled_from` on (those a loss reads); earlier ones get id 0 at log-probability −inf."""
     length = max(len(s) for s in batch)
     device = next(model.parameters()).device
     ids = torch.zeros(len(batch), length, dtype=torch.long)
@@ -198,10 +201,13 @@ def target_view(model, batch: list[list[int]], aux_layers: tuple[int, ...], top_
     out = model.model(input_ids=ids.to(device), output_hidden_states=True)
     final = out.last_hidden_state  # (B, T, H), after the norm
     aux = torch.cat([out.hidden_states[i] for i in aux_layers], -1)  # layer i's input, as vLLM's EAGLE-3 reads
-    logits = model.lm_head(final).float()
+    logits = model.lm_head(final[:, labelled_from:]).float()
     top_logits, top_ids = torch.topk(logits, top_k, dim=-1)
     top_logp = top_logits - torch.logsumexp(logits, -1, keepdim=True)  # log-probabilities, one vocabulary pass
     del logits
+    if labelled_from:
+        top_ids = torch.nn.functional.pad(top_ids, (0, 0, labelled_from, 0))
+        top_logp = torch.nn.functional.pad(top_logp, (0, 0, labelled_from, 0), value=-torch.inf)
     for name, x in (("hidden", final), ("aux", aux)):  # fp16 holds ±65504: an overflow would poison training
         if not torch.isfinite(x.half()).all():
             raise RuntimeError(f"the target's {name} states overflow float16 in this batch; the store cannot hold them")
