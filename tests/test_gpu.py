@@ -103,3 +103,27 @@ def test_cuda_clock_waits_for_the_kernels():
     events[1].record()
     torch.cuda.synchronize()
     assert measured >= 0.5 * events[0].elapsed_time(events[1]) / 1000
+
+
+def test_eagle3_trains_on_cuda_as_on_the_cpu(tiny_corpus, tmp_path):
+    """The EAGLE-3 trainer is device-agnostic (issue 41 §2): with the target on CUDA (--device cuda)
+    a run from a corpus answers the held-out prompts there (first, so the CPU run reads them
+    cached), collates on the CPU and trains on the device; its first validation is the CPU run's
+    (the same drafter, labels and features, up to float rounding), and its weights load on the CPU."""
+    import json
+
+    from mtp_viz.cli import main
+    from mtp_viz.drafters.eagle3 import load_eagle3
+
+    reports = {}
+    for device in ("cuda", "cpu"):
+        out = tmp_path / device
+        args = ["train", "eagle", "--model", "tiny", "--data", str(tiny_corpus), "--out", str(out), "--vocab", "20"]
+        assert main([*args, "--device", device, "--ttt-steps", "2", "--epochs", "1", "--heldout", "1"]) == 0
+        reports[device] = json.loads((out / "training.json").read_text())
+    cpu, cuda = reports["cpu"]["before"], reports["cuda"]["before"]
+    assert "heldout_top1_step1" in cuda and cpu.keys() == cuda.keys()
+    assert all(abs(cpu[k] - cuda[k]) < 0.05 for k in cpu)
+    assert reports["cuda"]["history"][-1]["train_loss"] > 0
+    drafter = load_eagle3(tmp_path / "cuda")
+    assert drafter.lm_head.weight.device.type == "cpu"

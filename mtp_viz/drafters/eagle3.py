@@ -218,7 +218,7 @@ def save_eagle3(drafter: Eagle3Drafter, directory: Path, dtype: torch.dtype | No
     directory.mkdir(parents=True, exist_ok=True)
     dtype = dtype or drafter.dtype
     state = {
-        k: (v.to(dtype) if v.is_floating_point() else v).detach().contiguous()
+        k: (v.to(dtype) if v.is_floating_point() else v).detach().cpu().contiguous()
         for k, v in checkpoint_state(drafter).items()
     }
     config = drafter.config.to_hf() | {"torch_dtype": str(dtype).removeprefix("torch.")}

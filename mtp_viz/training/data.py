@@ -69,10 +69,11 @@ def generate_batch(
 ) -> list[Sequence]:
     """Decode a left-padded batch, keeping the teacher's view of every position."""
     model = target.model
-    eos = torch.tensor(sorted(target.eos_token_ids))
+    at = dict(device=next(model.parameters()).device)  # the target's device; the records come back on the CPU
+    eos = torch.tensor(sorted(target.eos_token_ids), **at)
     b, width = len(prompts), max(len(p) for p in prompts)
-    ids = torch.zeros(b, width, dtype=torch.long)
-    mask = torch.zeros(b, width, dtype=torch.long)
+    ids = torch.zeros(b, width, dtype=torch.long, **at)
+    mask = torch.zeros(b, width, dtype=torch.long, **at)
     for r, p in enumerate(prompts):
         ids[r, width - len(p) :] = torch.tensor(p)
         mask[r, width - len(p) :] = 1
@@ -86,7 +87,7 @@ def generate_batch(
         [teacher_record(model, hidden[r, width - len(p) : -1], None, cfg.teacher_top_k)] for r, p in enumerate(prompts)
     ]
     answers: list[list[int]] = [[] for _ in prompts]
-    live = torch.arange(b)  # batch rows still decoding; finished rows leave the batch and the cache
+    live = torch.arange(b, **at)  # batch rows still decoding; finished rows leave the batch and the cache
     last = hidden[:, -1]  # (B, H)
     next_pos = position[:, -1] + 1  # (B,)
     for step in range(cfg.max_new_tokens):
@@ -94,7 +95,8 @@ def generate_batch(
         if warp.greedy:
             token = logits.argmax(-1)
         else:
-            token = torch.multinomial(probs_from_logits(logits, warp), 1, generator=generator)[:, 0]
+            probs = probs_from_logits(logits, warp).cpu()  # drawn by the CPU generator on any device
+            token = torch.multinomial(probs, 1, generator=generator)[:, 0].to(logits.device)
         view = teacher_record(model, last, logits, cfg.teacher_top_k)
         for i, r in enumerate(live.tolist()):
             rows[r].append(tuple(x[i : i + 1] for x in view))
@@ -105,12 +107,13 @@ def generate_batch(
         if not keep.all():
             live, token, mask, next_pos = live[keep], token[keep], mask[keep], next_pos[keep]
             cache.batch_select_indices(torch.nonzero(keep).flatten())
-        mask = torch.cat([mask, torch.ones(len(live), 1, dtype=torch.long)], dim=1)
+        mask = torch.cat([mask, torch.ones(len(live), 1, dtype=torch.long, **at)], dim=1)
         last = model.model(
             input_ids=token[:, None], attention_mask=mask, position_ids=next_pos[:, None], past_key_values=cache
         ).last_hidden_state[:, -1]
         next_pos = next_pos + 1
-    return [_sequence(p, a, rows[r]) for r, (p, a) in enumerate(zip(prompts, answers, strict=True))]
+    on_cpu = [[tuple(x.cpu() for x in part) for part in parts] for parts in rows]
+    return [_sequence(p, a, on_cpu[r]) for r, (p, a) in enumerate(zip(prompts, answers, strict=True))]
 
 
 def teacher_record(model, hidden: torch.Tensor, logits: torch.Tensor | None, k: int) -> tuple[torch.Tensor, ...]:

@@ -45,6 +45,7 @@ from mtp_viz.training.eagle_examples import (
     collate,
     corpus_examples,
     examples,
+    on_device,
     record_vocab_tokens,
     sequence_examples,
     spread,
@@ -98,11 +99,11 @@ def chain_bases(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Ten
     drafting never starts, are not computed: a row's answer decides T', not its prompt."""
     counts = batch["weight"][:, 1:] > 0  # base i's step-1 label is position i + 1's
     t = counts.shape[1]
-    idx = torch.arange(t).expand_as(counts)
+    idx = torch.arange(t, device=counts.device).expand_as(counts)
     first = torch.where(counts, idx, t).min(1).values
     last = torch.where(counts, idx, -1).max(1).values
     width = max(1, int((last - first + 1).clamp(min=0).max()))
-    pos = first.clamp(max=t - 1)[:, None] + torch.arange(width)
+    pos = first.clamp(max=t - 1)[:, None] + torch.arange(width, device=counts.device)
     return pos.clamp(max=t - 1), pos <= last[:, None]
 
 
@@ -123,15 +124,16 @@ def unroll(
     tokens = batch["tokens"]
     b, length = tokens.shape
     t = length - 1
-    bases = torch.arange(t).expand(b, t) if bases is None else bases
+    at = dict(device=tokens.device)
+    bases = torch.arange(t, **at).expand(b, t) if bases is None else bases
     width = bases.shape[1]
     fused = drafter.fuse(batch["features"][:, :t].float())  # (B, T, H)
     row = lambda x: x.gather(1, bases[..., None].expand(-1, -1, x.shape[-1]))  # noqa: E731  (B, T, *) → (B, T', *)
     x = torch.cat([layer.input_layernorm(drafter.embed_tokens(tokens[:, 1:])), layer.hidden_norm(fused)], -1)
     k = attn.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)  # (B, kv, T, d)
-    cos, sin = drafter.rotary(fused, torch.arange(t)[None])
+    cos, sin = drafter.rotary(fused, torch.arange(t, **at)[None])
     keys, values = [_rotated(k, cos, sin)], [attn.v_proj(x).view(b, t, -1, c.head_dim).transpose(1, 2)]
-    prefix = torch.arange(t)[None, None] <= bases[..., None]  # (B, T', T): base i sees step 1's entries ≤ i
+    prefix = torch.arange(t, **at)[None, None] <= bases[..., None]  # (B, T', T): base i sees step 1's entries ≤ i
     hidden, x = row(fused), row(x)
     for j in range(1, steps + 1):
         if j > 1:
@@ -142,7 +144,7 @@ def unroll(
         if j > 1:
             keys.append(_rotated(attn.k_proj(x).view(b, width, -1, c.head_dim).transpose(1, 2), cos, sin))
             values.append(attn.v_proj(x).view(b, width, -1, c.head_dim).transpose(1, 2))
-        own = torch.eye(width, dtype=torch.bool).expand(b, width, width)
+        own = torch.eye(width, dtype=torch.bool, **at).expand(b, width, width)
         mask = torch.cat([prefix] + [own] * (j - 1), dim=2)[:, None]  # then each later step's own chain
         y = F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2), attn_mask=mask, enable_gqa=True)
         h = hidden + attn.o_proj(y.transpose(1, 2).reshape(b, width, -1))
@@ -205,9 +207,11 @@ def agreement(drafter: Eagle3Drafter, exs: list[Example | Pending], steps: int, 
     right, counted, alive_sum = torch.zeros(steps), torch.zeros(steps), torch.zeros(steps)
     complete = 0.0
     for group in batches_of(exs, budget, random.Random(0)):
-        batch = collate(group)
+        batch = on_device(collate(group), drafter.lm_head.weight.device)
         b, length = batch["tokens"].shape
-        bases = torch.arange(length - 1).expand(b, -1)  # every chain: the same chains as ever
+        bases = torch.arange(length - 1, device=batch["tokens"].device).expand(
+            b, -1
+        )  # every chain: the same chains as ever
         reach = alive = None
         alives = []
         for j, logits in unroll(drafter, batch, steps):
@@ -262,8 +266,8 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
             ids = (vocab_tokens(s, cfg.vocab_from) for s in seqs)
         vocab = frequent_tokens(ids, cfg.reduced_vocab, always=eos)
         drafter = build_drafter(model, layers, vocab, cfg.norm_before_fc)
-    drafter.train()
-    index = drafter.to_draft_index()
+    drafter.to(model.get_input_embeddings().weight.device).train()  # the target's device (--device)
+    index = drafter.to_draft_index().cpu()  # examples are made on the CPU, batches moved as they are used
     if store is not None or records is not None:  # a corpus's feature store or the corpus: its split
         if store is not None:
             train_exs = store_examples(store, layers, index, cfg, validation=False)
@@ -326,7 +330,7 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
         save_whole(drafter, job.out)
         job.report(cfg, started, initial, history, step=step, **sizes)  # last: it says the weights are there
 
-    loss_fn = lambda group: losses(drafter, collate(group), cfg)  # noqa: E731
+    loss_fn = lambda group: losses(drafter, on_device(collate(group), drafter.lm_head.weight.device), cfg)  # noqa: E731
     history = job.train(params, epoch_batches, loss_fn, validate, cfg.loop, on_step, on_checkpoint, restart)
     drafter.eval()
     save_whole(drafter, job.out)

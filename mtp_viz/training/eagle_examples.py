@@ -106,9 +106,11 @@ class Unseen:
         first = max(0, len(self.ids) - self.cfg.max_tokens, self.prompt_len - 1 if self.cfg.prompt_weight == 0 else 0)
         with torch.no_grad():  # not inference_mode: the features enter the drafter's autograd graph
             view = target_view(self.model, [self.ids], self.layers, FeatureConfig(self.layers).top_k, first)
-        top_ids, top_logp = view.top_ids[0, :-1].int(), view.top_logp[0, :-1].half()
-        tokens = torch.tensor(self.ids, dtype=torch.int32)
-        seq = Sequence(tokens, self.prompt_len, view.final[0, :-1].half(), top_ids[:, 0], top_ids, top_logp)
+        top_ids, top_logp = view.top_ids[0, :-1].int().cpu(), view.top_logp[0, :-1].half().cpu()
+        tokens = torch.tensor(
+            self.ids, dtype=torch.int32
+        )  # an example is made on the CPU, whatever the target's device
+        seq = Sequence(tokens, self.prompt_len, view.final[0, :-1].half().cpu(), top_ids[:, 0], top_ids, top_logp)
         kept = view.aux[0, -self.cfg.max_tokens :].half().cpu().clone()  # not a view of all its positions
         return example(seq, kept, self.index, self.cfg)
 
@@ -172,8 +174,9 @@ def cache_features(model, data: Path, aux_layers: tuple[int, ...], log=print) ->
 @torch.inference_mode()
 def aux_features(model, tokens: torch.Tensor, aux_layers: tuple[int, ...]) -> torch.Tensor:
     """The target's residual streams after `aux_layers` at every position of `tokens`, (n, A·H) fp16."""
-    states = model.model(input_ids=tokens[None].long(), output_hidden_states=True).hidden_states  # no head
-    return torch.cat([states[k][0] for k in aux_layers], -1).half()
+    ids = tokens[None].long().to(next(model.parameters()).device)
+    states = model.model(input_ids=ids, output_hidden_states=True).hidden_states  # no head
+    return torch.cat([states[k][0] for k in aux_layers], -1).half().cpu()
 
 
 def sequence_examples(model, seqs: list[Sequence], layers, index: torch.Tensor, cfg: EagleTrainConfig) -> list[Example]:
@@ -235,6 +238,11 @@ def example(s: Sequence, features: torch.Tensor, index: torch.Tensor, cfg: Eagle
         topk_p=torch.cat([p, torch.zeros(1, ids.shape[1])])[cut:],
         weight=weight[cut:],
     )
+
+
+def on_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """A collated batch moved to the drafter's device (examples are made, and batches collated, on the CPU)."""
+    return {name: x.to(device, non_blocking=True) for name, x in batch.items()}
 
 
 def collate(items: list[Example | Pending | Unseen]) -> dict[str, torch.Tensor]:

@@ -83,5 +83,7 @@ def teacher_view(model, prompt_ids: list[int], answer_ids: list[int]) -> Sequenc
     """A prompt and answer with the target's view of every position that has a next token, recorded
     as the self-distillation set records it (data.teacher_record)."""
     tokens = torch.tensor(prompt_ids + answer_ids, dtype=torch.int32)
-    hidden = model.model(input_ids=tokens[None].long()).last_hidden_state[0, :-1]
-    return Sequence(tokens, len(prompt_ids), *teacher_record(model, hidden, None, DataConfig().teacher_top_k))
+    ids = tokens[None].long().to(next(model.parameters()).device)
+    hidden = model.model(input_ids=ids).last_hidden_state[0, :-1]
+    record = teacher_record(model, hidden, None, DataConfig().teacher_top_k)
+    return Sequence(tokens, len(prompt_ids), *(x.cpu() for x in record))  # on the CPU, as training data is

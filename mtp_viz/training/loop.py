@@ -111,7 +111,7 @@ class TrainJob:
             return False
         here = self.runs / CHECKPOINT
         saved = json.loads((self.out / REPORT).read_text())["step"]
-        return not here.exists() or torch.load(here, weights_only=False)["step"] < saved
+        return not here.exists() or torch.load(here, weights_only=False, map_location="cpu")["step"] < saved
 
     def report(self, cfg, started: float, before: dict, history: list[dict], step: int | None = None, **sizes) -> dict:
         """The run's report (settings, data sizes, validation before and during training, the
@@ -195,7 +195,10 @@ def train(
         log(f"restarted from {restart['path']} at step {step}/{total}: fresh optimizer, warmed up again")
     elif resume and (out / CHECKPOINT).exists():
         state = _continuable(
-            torch.load(out / CHECKPOINT, weights_only=False) | {"path": out / CHECKPOINT}, cfg, per_epoch, out / STABLE
+            torch.load(out / CHECKPOINT, weights_only=False, map_location="cpu") | {"path": out / CHECKPOINT},
+            cfg,
+            per_epoch,
+            out / STABLE,
         )
         with torch.no_grad():
             for name, value in state["params"].items():
@@ -262,7 +265,7 @@ def _continuable(state: dict, cfg: LoopConfig, per_epoch: int, stable: Path | No
     if state["step"] <= min(start, old.decay_start(total_steps(per_epoch, old))):
         return state
     if stable is not None and stable.exists():
-        kept = torch.load(stable, weights_only=False) | {"path": stable}
+        kept = torch.load(stable, weights_only=False, map_location="cpu") | {"path": stable}
         if kept["step"] <= start:
             return kept
     raise UserError(f"{path} holds no state from before step {start}, where this run's decay starts")
