@@ -2,8 +2,11 @@
 batched teacher-forced forwards, memory-mapped, resumable: each sequence's arrays are what a
 forward of that sequence alone gives, and a stopped build finishes to the same store."""
 
+import importlib.util
 import json
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -200,19 +203,21 @@ def test_eagle_examples_read_the_layers_asked_of_a_store_that_holds_more(corpus,
     assert 0 < len(cut) < len(every) and cut[0].tokens.equal(store.sequence(every[0])["tokens"])
 
 
+def experiment(name: str):
+    """A script of experiments/ as a module (its `main` not run), and its path."""
+    path = Path(__file__).resolve().parent.parent / "experiments" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return path, script
+
+
 def test_the_ablation_script_trains_each_variant_once_and_tables_them(corpus, tmp_path, monkeypatch, capsys):
     """experiments/eagle_ablations.py from one store: each variant a run of its own, a finished run
     not run again (the script resumes), and a table row per variant from its last validation."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
     store, runs = tmp_path / "f", tmp_path / "runs"
     assert main(["train", "features", "--model", "tiny", "--data", str(corpus), "--out", str(store)]) == 0
-    path = Path(__file__).resolve().parent.parent / "experiments" / "eagle_ablations.py"
-    spec = importlib.util.spec_from_file_location("eagle_ablations", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    path, script = experiment("eagle_ablations")
     argv = [str(path), "--store", str(store), "--steps", "2", "--model", "tiny", "--runs", str(runs)]
     monkeypatch.setattr(sys, "argv", [*argv, "--only", "base", "norm_before_fc"])
     capsys.readouterr()
@@ -235,16 +240,9 @@ def test_the_retraining_script_trains_each_drafter_from_the_store_and_tables_bef
     (afresh here: the shipped weights are the embedded model's), a finished run not run again, and
     their held-out scores before and after in one table; from shipped weights, each run carries
     their own settings."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
     store, runs = tmp_path / "f", tmp_path / "runs"
     assert main(["train", "features", "--model", "tiny", "--data", str(corpus), "--out", str(store)]) == 0
-    path = Path(__file__).resolve().parent.parent / "experiments" / "retrain_drafters.py"
-    spec = importlib.util.spec_from_file_location("retrain_drafters", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    path, script = experiment("retrain_drafters")
     argv = [str(path), "--store", str(store), "--model", "tiny", "--runs", str(runs), "--fresh", "--mtp-steps", "2"]
     monkeypatch.setattr(sys, "argv", argv)
     capsys.readouterr()
