@@ -2,7 +2,7 @@
 target's view of a batch (Unseen.ready) against the drafter's forward and its backward and update,
 on the first 400 records of the repository's corpus, three batches of ~BUDGET padded tokens:
 
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/eagle_step_cost.py [BUDGET, default 1024]
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/eagle_step_cost.py [BUDGET [PROMPT_WEIGHT]]  # 1024, 0
 """
 
 import random
@@ -26,7 +26,7 @@ vocab = frequent_tokens((record_vocab_tokens(r, "all") for r in recs), 8192, alw
 layers = (2, 15, 27)
 drafter = build_drafter(model, layers, vocab)
 drafter.train()
-cfg = EagleTrainConfig()
+cfg = EagleTrainConfig(prompt_weight=float(sys.argv[2]) if len(sys.argv) > 2 else 0.0)
 exs = corpus_examples(recs, model, layers, drafter.to_draft_index(), cfg)
 opt = torch.optim.AdamW(trained_parameters(drafter).values(), lr=1e-4)
 for group in batches_of(exs, BUDGET, random.Random(0))[:3]:
