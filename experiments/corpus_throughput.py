@@ -22,7 +22,7 @@ from mtp_viz.runner import RunRequest
 from mtp_viz.serving.backend import plan
 from mtp_viz.serving.client import complete_async, completion_body
 from mtp_viz.serving.server import VLLMServer
-from mtp_viz.training.corpus import CORPUS_SERVER_ENV
+from mtp_viz.training.corpus_make import CORPUS_SERVER_ENV
 
 SETTINGS = {
     "vLLM's defaults (a core kept for its scheduler)": {"VLLM_CPU_KVCACHE_SPACE": "6"},

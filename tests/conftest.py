@@ -25,7 +25,8 @@ from mtp_viz.registry import load_registry
 from mtp_viz.serving.server import PYTHON_ENV
 from mtp_viz.strategies import STRATEGIES
 from mtp_viz.strategies.base import DecodeContext, GenerationSettings
-from mtp_viz.training.corpus import OURS, CorpusConfig, make
+from mtp_viz.training.corpus import CorpusConfig
+from mtp_viz.training.corpus_make import OURS, make
 
 SUITE_CACHE_ENV = "MTP_VIZ_SUITE_CACHE"  # this run's cache folder (suite_cache), inherited by its workers
 CODES_FOLDER = "weights"  # where mtp_viz.gguf_codes keeps a GGUF's 4-bit codes in the cache
@@ -264,7 +265,15 @@ def tiny_corpus(use_tiny_registry, tmp_path) -> Path:
     """A corpus of the tiny target's answers made by our engine (both sides of the split, two
     shards of first turns and one of second turns): what the trainers of a corpus read."""
     cfg = CorpusConfig(
-        templates=4, code=2, documents=2, math=2, chat=2, max_new_tokens=6, shard_size=8, validation_share=0.4
+        templates=4,
+        code=2,
+        documents=2,
+        math=2,
+        chat=2,
+        subjects=0,
+        max_new_tokens=6,
+        shard_size=8,
+        validation_share=0.4,
     )
     return make("tiny", tmp_path / "corpus", cfg, OURS)[0]
 

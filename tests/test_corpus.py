@@ -4,23 +4,28 @@ validation split drawn by source key, and answers from a vLLM server started and
 build. The tiny target stands in for the real one; its answers are checked against a direct run."""
 
 import json
+from dataclasses import replace
 
 import pytest
-from conftest import gone
+from conftest import EMBEDDED, gone
 from fake_vllm import HASHED
 
 from mtp_viz.cli import main
 from mtp_viz.errors import UserError
+from mtp_viz.loading.spec import load_spec
 from mtp_viz.prompts import spec_bench
 from mtp_viz.runner import RunRequest, run
+from mtp_viz.serving.backend import served_target
 from mtp_viz.strategies.base import GenerationSettings
-from mtp_viz.training import corpus
-from mtp_viz.training.corpus import CHAT, FIRST, MANIFEST, TRAIN, VALIDATION, CorpusConfig, make, read_records
-from mtp_viz.training.corpus_sources import CorpusPrompt, Dedup, user
+from mtp_viz.training import corpus_make
+from mtp_viz.training.corpus import CHAT, FIRST, MANIFEST, SUBJECTS, TRAIN, VALIDATION, CorpusConfig, read_records
+from mtp_viz.training.corpus_make import make
+from mtp_viz.training.corpus_sources import STOPWORDS, CorpusPrompt, Dedup, subject_prompts, subject_words, user
 
 SMALL = CorpusConfig(
-    templates=5, code=4, documents=3, math=2, chat=3, max_new_tokens=4, shard_size=4, validation_share=0.5
+    templates=5, code=4, documents=3, math=2, chat=3, subjects=0, max_new_tokens=4, shard_size=4, validation_share=0.5
 )
+ONE_STAGE = {"code": 0, "documents": 0, "math": 0, "chat": 0, "subjects": 0, "max_new_tokens": 2}
 
 
 def test_a_prompt_that_copies_a_held_out_question_is_dropped_and_so_is_a_repeat():
@@ -34,20 +39,20 @@ def test_a_prompt_that_copies_a_held_out_question_is_dropped_and_so_is_a_repeat(
 
 def test_a_build_writes_shards_resumes_where_it_stopped_and_splits_by_key(use_tiny_registry, tmp_path, monkeypatch):
     asked: list[int] = []
-    real = corpus.answer_with_ours
+    real = corpus_make.answer_with_ours
 
     def counting(*args, **kwargs):
         answer = real(*args, **kwargs)
         return lambda items: asked.append(len(items)) or answer(items)
 
-    monkeypatch.setattr(corpus, "answer_with_ours", counting)
-    monkeypatch.setattr(corpus, "build", _stopping_after(corpus.build, 1))
-    folder, stopped = make("tiny", tmp_path / "c", SMALL, engine=corpus.OURS)
+    monkeypatch.setattr(corpus_make, "answer_with_ours", counting)
+    monkeypatch.setattr(corpus_make, "build", _stopping_after(corpus_make.build, 1))
+    folder, stopped = make("tiny", tmp_path / "c", SMALL, engine=corpus_make.OURS)
     assert not stopped.get("complete") and len(stopped["shards"]) == 1 and asked == [4]
     first_shard = (folder / "first-00000.jsonl.gz").read_bytes()
 
-    monkeypatch.setattr(corpus, "build", corpus.build.__wrapped__)
-    folder, manifest = make("tiny", tmp_path / "c", SMALL, engine=corpus.OURS)
+    monkeypatch.setattr(corpus_make, "build", corpus_make.build.__wrapped__)
+    folder, manifest = make("tiny", tmp_path / "c", SMALL, engine=corpus_make.OURS)
     assert manifest["complete"] and (folder / "first-00000.jsonl.gz").read_bytes() == first_shard  # not asked again
     first, chat = list(read_records(folder, FIRST)), list(read_records(folder, CHAT))
     assert len(first) == 14 and sum(asked) == len(first) + len(chat)  # every prompt answered once, in all
@@ -71,9 +76,43 @@ def test_a_build_writes_shards_resumes_where_it_stopped_and_splits_by_key(use_ti
 
 
 def test_a_folder_made_with_other_settings_is_refused(use_tiny_registry, tmp_path):
-    make("tiny", tmp_path, CorpusConfig(templates=2, code=0, documents=0, math=0, chat=0, max_new_tokens=2), "ours")
+    make("tiny", tmp_path, CorpusConfig(templates=2, **ONE_STAGE), "ours")
     with pytest.raises(UserError, match="made otherwise"):
-        make("tiny", tmp_path, CorpusConfig(templates=3, code=0, documents=0, math=0, chat=0, max_new_tokens=2), "ours")
+        make("tiny", tmp_path, CorpusConfig(templates=3, **ONE_STAGE), "ours")
+
+
+def test_a_finished_corpus_made_before_subjects_existed_is_extended_by_them(use_tiny_registry, tmp_path):
+    folder, _ = make("tiny", tmp_path, SMALL, "ours")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    del manifest["config"]["subjects"]  # as a corpus made before the stage existed says
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    before = {p.name: p.read_bytes() for p in folder.glob("*.jsonl.gz")}
+
+    folder, extended = make("tiny", tmp_path, replace(SMALL, subjects=3), "ours")
+    assert extended["complete"] and extended["config"]["subjects"] == 3
+    assert all((folder / name).read_bytes() == data for name, data in before.items())  # not made again
+    subjects = list(read_records(folder, SUBJECTS))
+    assert len(subjects) == 3 and {r["source"] for r in subjects} == {"subjects"}
+    assert all(r["key"].startswith("subject:") and r["answer_ids"] for r in subjects)
+    assert extended["answer_tokens"] == sum(len(r["answer_ids"]) for r in read_records(folder))
+    with pytest.raises(UserError, match="made otherwise"):  # once the stage has begun, its size is fixed
+        make("tiny", tmp_path, replace(SMALL, subjects=4), "ours")
+    with pytest.raises(UserError, match="made otherwise"):  # and the stages before it never change
+        make("tiny", tmp_path, replace(SMALL, subjects=3, templates=6), "ours")
+
+
+def test_subjects_are_the_tokenizers_common_whole_words_one_key_each():
+    tokenizer = served_target(load_spec(EMBEDDED, "cpu", "float32")).tokenizer
+    words = subject_words(tokenizer, 400)
+    assert len(words) == 400 and {"school", "health", "water", "children"} <= set(words)
+    assert not {"includ", "differe", "produ", "experi"} & set(words)  # BPE word pieces are not words
+    assert not STOPWORDS & set(words) and all(
+        len(tokenizer.encode(f" {w}", add_special_tokens=False)) == 1 for w in words
+    )
+    prompts = subject_prompts(60, 0, words)
+    keys = [p.key for p in prompts]
+    assert len(set(keys)) == 60 and all(p.key.removeprefix("subject:") in p.text for p in prompts)
+    assert len({p.text.replace(p.key.removeprefix("subject:"), "{}") for p in prompts}) > 8  # many genres
 
 
 def test_a_vllm_build_starts_its_server_and_stops_it(use_tiny_registry, fake_vllm, tmp_path, monkeypatch, capsys):

@@ -10,7 +10,8 @@ import torch
 
 from mtp_viz.loading import load_model
 from mtp_viz.training import eagle
-from mtp_viz.training.corpus import OURS, CorpusConfig, make, read_records
+from mtp_viz.training.corpus import CorpusConfig, read_records
+from mtp_viz.training.corpus_make import OURS, make
 from mtp_viz.training.eagle_examples import corpus_examples
 from mtp_viz.training.features import FeatureConfig, FeatureStore, build
 from mtp_viz.training.heldout import answer
@@ -58,7 +59,9 @@ def check(model, examples: list[eagle.Example], prompt_lens: list[int], cfg: eag
 
 
 def test_labels_from_a_feature_store_are_the_targets_next_tokens(target, tmp_path):
-    cfg = CorpusConfig(templates=3, code=1, documents=1, math=1, chat=1, max_new_tokens=6, validation_share=0.4)
+    cfg = CorpusConfig(
+        templates=3, code=1, documents=1, math=1, chat=1, subjects=0, max_new_tokens=6, validation_share=0.4
+    )
     corpus, _ = make("tiny", tmp_path / "corpus", cfg, OURS)
     store = FeatureStore(build(target.model, corpus, tmp_path / "f", FeatureConfig(aux_layers=LAYERS)))
     identity = torch.arange(target.model.config.vocab_size)
@@ -78,7 +81,9 @@ def test_labels_of_the_heldout_answers_are_the_targets_next_tokens(target):
 
 def test_labels_straight_from_a_corpus_are_the_targets_next_tokens(target, tmp_path):
     """The third road: a corpus's records, the target's view computed when a batch is collated."""
-    cfg = CorpusConfig(templates=3, code=1, documents=1, math=1, chat=1, max_new_tokens=6, validation_share=0.4)
+    cfg = CorpusConfig(
+        templates=3, code=1, documents=1, math=1, chat=1, subjects=0, max_new_tokens=6, validation_share=0.4
+    )
     corpus, _ = make("tiny", tmp_path / "corpus", cfg, OURS)
     records = list(read_records(corpus))
     identity = torch.arange(target.model.config.vocab_size)
@@ -91,7 +96,9 @@ def test_labels_straight_from_a_corpus_are_the_targets_next_tokens(target, tmp_p
 def test_a_corpus_record_becomes_the_example_its_stored_sequence_becomes(target, tmp_path):
     """The corpus road and the store road give one record the same example, cut to the training
     window (a window shorter than the tiny sequences, so the cut is exercised)."""
-    cfg = CorpusConfig(templates=3, code=1, documents=1, math=1, chat=1, max_new_tokens=6, validation_share=0.4)
+    cfg = CorpusConfig(
+        templates=3, code=1, documents=1, math=1, chat=1, subjects=0, max_new_tokens=6, validation_share=0.4
+    )
     corpus, _ = make("tiny", tmp_path / "corpus", cfg, OURS)
     store = FeatureStore(build(target.model, corpus, tmp_path / "f", FeatureConfig(aux_layers=LAYERS)))
     records, picked = list(read_records(corpus)), np.load(tmp_path / "f" / "record.npy")

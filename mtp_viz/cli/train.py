@@ -11,8 +11,9 @@ from mtp_viz.cli.options import given
 from mtp_viz.errors import UserError
 from mtp_viz.loading import load_model, model_name
 from mtp_viz.paths import cache_root
-from mtp_viz.training.corpus import AUTO, ENGINES, CorpusConfig, default_folder, is_corpus, make
 from mtp_viz.training.corpus import MANIFEST as CORPUS_MANIFEST
+from mtp_viz.training.corpus import CorpusConfig, default_folder, is_corpus
+from mtp_viz.training.corpus_make import AUTO, ENGINES, make
 from mtp_viz.training.data import MANIFEST, DataConfig, generate
 from mtp_viz.training.draft import DraftTrainConfig, train_draft
 from mtp_viz.training.eagle import EagleTrainConfig, train_eagle

@@ -2,44 +2,37 @@
 the serving engine, in shards, resumable.
 
 Prompts: mtp_viz.training.corpus_sources (templates, code over the standard library, documents
-installed here, math; then second chat turns), held-out overlaps dropped. Answers: the target's,
+installed here, math; then second chat turns; then everyday genres about the tokenizer's common
+words, `subjects`), held-out overlaps dropped. Answers: the target's,
 by a vLLM server at high concurrency (`engine="vllm"`, the default where .venv-vllm exists) or our
 engine (`"ours"`, the same greedy text); most greedy, a share sampled, chosen by the prompt's id.
 
 The folder (the repository's assets/corpus/<model> by default: hours to make, a few MB to keep, so
 a fresh machine resumes or reuses it) holds `first-NNNNN.jsonl.gz` then `chat-NNNNN.jsonl.gz`
-shards, each written whole (gzip without a timestamp), and `manifest.json`: model, engines,
-config, what each shard holds, what was dropped. A build resumes at the first shard not written;
-another config's folder is refused. Each record: id, source, key, split (train | validation, by
-key: a document, module or topic on one side only), messages, prompt_ids, answer_ids, answer,
-finish_reason, temperature, seed. Features for training: mtp_viz.training.features (the cache's).
+then `subjects-NNNNN.jsonl.gz` shards, each written whole (gzip without a timestamp), and
+`manifest.json`: model, engines, config, what each shard holds, what was dropped. A build resumes
+at the first shard not written; another config's folder is refused, except that a stage not yet
+begun may be given another size (a finished corpus is extended by a stage added later). Each
+record: id, source, key, split (train | validation, by key: a document, module, topic or subject
+on one side only), messages, prompt_ids, answer_ids, answer, finish_reason, temperature, seed.
+Features for training: mtp_viz.training.features (the cache's). Engines: corpus_make.
 """
 
-import asyncio
 import gzip
 import hashlib
 import json
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import httpx
 from tqdm import tqdm
 
 from mtp_viz.errors import UserError
-from mtp_viz.loading import model_name
 from mtp_viz.loading.loaded import Tokenized, encode_chat
-from mtp_viz.loading.spec import load_spec
 from mtp_viz.measured import stamp, write_atomically
 from mtp_viz.paths import ASSETS
-from mtp_viz.runner import RunRequest, run
-from mtp_viz.serving.backend import open_server, plan, served_target
-from mtp_viz.serving.client import complete_async, completion_body
-from mtp_viz.serving.server import ServerError, vllm_python
-from mtp_viz.strategies.base import GenerationSettings
-from mtp_viz.trace import STOP_MAX_NEW_TOKENS
 from mtp_viz.training.corpus_sources import (
     CorpusPrompt,
     Dedup,
@@ -47,14 +40,17 @@ from mtp_viz.training.corpus_sources import (
     document_prompts,
     follow_up,
     math_corpus_prompts,
+    subject_prompts,
+    subject_words,
     template_prompts,
 )
 
 MANIFEST, VERSION = "manifest.json", 1
 SHARD_SUFFIX = ".jsonl.gz"
-FIRST, CHAT = "first", "chat"
+FIRST, CHAT, SUBJECTS = "first", "chat", "subjects"
+LATER_STAGES = {"subjects": SUBJECTS}  # config fields a later stage alone reads: free until it begins
+SUBJECT_VOCABULARY = 8000  # the tokenizer's commonest words the subjects are drawn from
 TRAIN, VALIDATION = "train", "validation"
-VLLM, OURS = "vllm", "ours"
 
 
 @dataclass(frozen=True)
@@ -67,6 +63,7 @@ class CorpusConfig:
     documents: int = 800
     math: int = 500
     chat: int = 800  # second turns, after first answers
+    subjects: int = 1600  # everyday genres about common words (corpus_sources.subject_prompts)
     max_new_tokens: int = 384
     max_prompt_tokens: int = 1024
     temperature: float = 0.7  # for the sampled share
@@ -87,7 +84,7 @@ class CorpusConfig:
         return CorpusConfig(
             **{
                 **asdict(self),
-                **{k: part(getattr(self, k)) for k in ("templates", "code", "documents", "math", "chat")},
+                **{k: part(getattr(self, k)) for k in ("templates", "code", "documents", "math", "chat", "subjects")},
             }
         )
 
@@ -170,7 +167,11 @@ def build(
     dropped: dict[str, int] = {}
     written = 0
     first = items_for(first_prompts(cfg, dedup), encode, cfg, dropped)
-    for stage, items in ((FIRST, first), (CHAT, None)):
+    for stage, items in ((FIRST, first), (CHAT, None), (SUBJECTS, [])):
+        if stage == SUBJECTS and cfg.subjects:
+            words = subject_words(encode.target.tokenizer, SUBJECT_VOCABULARY)
+            prompts = subject_prompts(cfg.subjects, cfg.seed, words)
+            items = items_for([p for p in prompts if dedup.keep(p)], encode, cfg, dropped)
         if items is None:  # second turns after the first turns' answers, same sides of the split
             rng = random.Random(cfg.seed + 303)
             answered = list(read_records(folder, FIRST))
@@ -185,6 +186,8 @@ def build(
                 continue
             if stop_after_shards is not None and written >= stop_after_shards:
                 return manifest
+            if manifest.pop("complete", None):  # a finished corpus extended: unfinished until it is
+                _save(folder, manifest)
             records = [_record(item, a) for item, a in zip(shard, answer(shard), strict=True)]
             data = gzip.compress("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode(), mtime=0)
             write_atomically(path, lambda tmp, d=data: tmp.write_bytes(d), what="a corpus shard")
@@ -228,8 +231,12 @@ def _manifest(folder: Path, cfg: CorpusConfig, model: str, engine: dict) -> dict
     path = folder / MANIFEST
     if path.is_file():
         old = json.loads(path.read_text())
-        if old.get("version") != VERSION or old.get("config") != asdict(cfg) or old.get("model") != model:
+        made = asdict(CorpusConfig(**{**asdict(cfg), **{k: 0 for k in LATER_STAGES}, **old.get("config", {})}))
+        free = {k for k, stage in LATER_STAGES.items() if not any(folder.glob(f"{stage}-*{SHARD_SUFFIX}"))}
+        same = all(made[k] == v for k, v in asdict(cfg).items() if k not in free)
+        if old.get("version") != VERSION or not same or old.get("model") != model:
             raise UserError(f"{folder} holds a corpus made otherwise (model or settings); pick another folder")
+        old["config"] = asdict(cfg)
         if engine not in old.setdefault("engines", []):
             old["engines"].append(engine)  # a build resumed by another engine says so
         return old
@@ -264,87 +271,3 @@ def read_records(folder: Path, stage: str | None = None, split: str | None = Non
                 record = json.loads(line)
                 if split is None or record["split"] == split:
                     yield record
-
-
-# --- engines ---------------------------------------------------------------------------------
-
-
-def answer_with_vllm(server, encode: Encoder, cfg: CorpusConfig) -> Answerer:
-    """Answers through a running vLLM server, `cfg.concurrency` requests in flight."""
-
-    async def one(client: httpx.AsyncClient, gate: asyncio.Semaphore, item: Item) -> Answer:
-        # no per-request seed: vLLM 0.32's CPU worker dies on a seeded request whose prefill is split
-        # ("CPU Generator does not use offset"); the manifest says its sampled answers are unseeded
-        body = completion_body(server.served_name, item.ids, cfg.max_new_tokens, item.temperature)
-        async with gate:
-            c = await complete_async(client, server.url, body)
-        return c.token_ids, encode.decode(c.token_ids), c.finish_reason
-
-    async def shard(items: list[Item]) -> list[Answer]:
-        gate = asyncio.Semaphore(cfg.concurrency)
-        limits = httpx.Limits(max_connections=cfg.concurrency)
-        async with httpx.AsyncClient(limits=limits) as client:
-            return list(await asyncio.gather(*(one(client, gate, i) for i in items)))
-
-    return lambda items: asyncio.run(shard(items))
-
-
-def answer_with_ours(model: str, encode: Encoder, cfg: CorpusConfig, device: str | None = None) -> Answerer:
-    """Answers by our engine, autoregressive, one prompt at a time (the fallback without vLLM)."""
-
-    def answer(items: list[Item]) -> list[Answer]:
-        out = []
-        for item in items:
-            generation = GenerationSettings(cfg.max_new_tokens, temperature=item.temperature, seed=item.seed)
-            trace = run(RunRequest(prompt_ids=tuple(item.ids), model=model, generation=generation, device=device))
-            ids = list(trace.output_token_ids)
-            out.append((ids, encode.decode(ids), "length" if trace.stop_reason == STOP_MAX_NEW_TOKENS else "stop"))
-        return out
-
-    return answer
-
-
-# --- a build, its engine chosen and its server started and stopped ---------------------------
-
-AUTO = "auto"
-ENGINES = (AUTO, VLLM, OURS)
-# 64 requests of up to 1,536 + 256 tokens hold up to ~5 GB of KV cache (float32); the interactive
-# server's 2 GiB would hold few. vLLM's CPU worker keeps a core for its scheduler unless told, and
-# generating is compute-bound (2-core EPYC, B = 32: a decode step 370 → 251 ms with both cores).
-CORPUS_SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "6", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-
-
-def vllm_here() -> bool:
-    """Whether a vLLM interpreter is installed beside us (.venv-vllm, or MTP_VIZ_VLLM_PYTHON)."""
-    try:
-        vllm_python()
-    except ServerError:
-        return False
-    return True
-
-
-def make(
-    model: str | None, folder: Path | None, cfg: CorpusConfig, engine: str = AUTO, url: str | None = None
-) -> tuple[Path, dict]:
-    """Build (or finish) the corpus of `model`'s answers in `folder` (default: the repository's,
-    `default_folder`) with `engine`: vLLM (a server started for the build and stopped after it, or
-    the one at `url`) or ours; auto: vLLM where it is installed or `url` is given. The folder and
-    its manifest."""
-    if engine not in ENGINES:
-        raise UserError(f"engine {engine!r} is not one of {', '.join(ENGINES)}")
-    name = model_name(model, "cpu")
-    target = served_target(load_spec(name, "cpu", "float32"))  # the tokenizer; no weights
-    if target.tokenizer is None:
-        raise UserError(f"{name} has no tokenizer: a corpus needs one")
-    folder = folder or default_folder(target.name)
-    encode = Encoder(target)
-    use = engine if engine != AUTO else VLLM if url or vllm_here() else OURS
-    if use == OURS:
-        answer = answer_with_ours(name, encode, cfg)
-        return folder, build(folder, cfg, encode, answer, target.name, {"engine": "mtp-viz"})
-    served = plan(RunRequest(model=name))
-    if served.server.env:  # a CPU server: room for CONCURRENCY long prompts in its KV cache
-        served = replace(served, server=replace(served.server, env={**served.server.env, **CORPUS_SERVER_ENV}))
-    with open_server(served, url) as server:
-        engine_note = {"engine": "vllm", "version": server.version, "started_here": url is None, "seeded": False}
-        return folder, build(folder, cfg, encode, answer_with_vllm(server, encode, cfg), target.name, engine_note)

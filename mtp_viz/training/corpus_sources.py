@@ -10,6 +10,9 @@ drawn by key, so no document, module or topic is on both sides of it (mtp_viz.tr
 - `documents`: extraction and summarization over the descriptions of the packages installed here
   and the standard library's module docstrings;
 - `math`: word problems, mostly step by step;
+- `subjects`: everyday genres (news, letters, dialogues, explanations, stories, advice, comparisons)
+  about a subject drawn from the target tokenizer's common whole words, so the answers range as
+  widely as the words the target knows, not over the templates' hundred topics;
 - `chat`: a second turn after a first answer (made by the corpus once the first turns are answered).
 
 Prompts that share a run of SHINGLE words with a Spec-Bench question are dropped (`Dedup`), so
@@ -58,6 +61,30 @@ FOLLOW_UPS = (
     "Summarize your answer in one sentence.",
     "What is the most common mistake people make here?",
 )
+SUBJECT_TASKS = (
+    "Write a short news article about a recent event involving {subject}.",
+    "Write a letter to a friend telling them about {subject}.",
+    "Write a dialogue between two people who disagree about {subject}.",
+    "Explain {subject} to someone who has never heard of it.",
+    "What are some interesting facts about {subject}?",
+    "Write a short story in which {subject} plays an important part.",
+    'What does the word "{subject}" mean? Use it in three example sentences.',
+    "Give practical advice to a beginner who wants to learn about {subject}.",
+    "What are the advantages and disadvantages of {subject}?",
+    "Compare {subject} and {other}: how are they alike, and how do they differ?",
+    "Write a short history of {subject}.",
+    "Write a persuasive paragraph arguing that {subject} matters more than most people think.",
+    "List five questions people often ask about {subject}, and answer each briefly.",
+    "Pretend you are a teacher. Plan a short lesson about {subject} for a class of teenagers.",
+    "Describe a typical day for someone whose job involves {subject}.",
+    "Write a short product review or opinion piece about {subject}.",
+)
+SUBJECT_WORDS = (5, 14)  # letters in a subject word (shorter are mostly function words)
+_STOPWORDS = """about above after again against along among around because before behind below beneath beside
+    between beyond could during every first further however might never often other others quite rather
+    really should since still their there these thing things those though three through under until
+    where whether which while whose within without would always another become being cannot"""
+STOPWORDS = frozenset(_STOPWORDS.split())
 CODE_LINES = (6, 40)  # functions of this many lines (shorter say little, longer crowd the context)
 DOC_WORDS = (80, 300)  # documents of this many words
 
@@ -190,6 +217,56 @@ def document_prompts(n: int, seed: int) -> list[CorpusPrompt]:
 
 def math_corpus_prompts(n: int, seed: int) -> list[CorpusPrompt]:
     return [CorpusPrompt("math", f"problem:{i % 97}", user(text)) for i, text in enumerate(math_prompts(n, seed))]
+
+
+def subject_words(tokenizer, limit: int) -> list[str]:
+    """Up to `limit` common words of `tokenizer`'s vocabulary, in id order (a BPE's early ids are
+    its frequent merges): lowercase, SUBJECT_WORDS letters long, a single token after a space, used
+    as a word in English prose (`prose_words`: a BPE's word pieces, e.g. "includ", are not), not a
+    function word (STOPWORDS) nor an adverb."""
+    words: dict[str, None] = {}
+    english = prose_words()
+    for i in range(len(tokenizer)):
+        word = tokenizer.decode([i]).strip()
+        if word not in english or word in STOPWORDS or word.endswith("ly"):
+            continue
+        one_token = len(tokenizer.encode(f" {word}", add_special_tokens=False)) == 1
+        if SUBJECT_WORDS[0] <= len(word) <= SUBJECT_WORDS[1] and one_token:
+            words[word] = None
+            if len(words) >= limit:
+                break
+    return list(words)
+
+
+@cache
+def prose_words() -> frozenset[str]:
+    """The lowercase words of SUBJECT_WORDS letters in the standard library's docstrings and
+    comments (this interpreter's): English prose we can read offline, standing in for a dictionary."""
+    prose = re.compile(r'"""(.*?)"""|#([^\n]*)', re.S)
+    word = re.compile(rf"(?<![\w.])[a-z]{{{SUBJECT_WORDS[0]},{SUBJECT_WORDS[1]}}}(?![\w(.])")
+    words: set[str] = set()
+    for path in Path(sysconfig.get_paths()["stdlib"]).rglob("*.py"):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        for m in prose.finditer(text):
+            words.update(word.findall(m.group(1) or m.group(2) or ""))
+    return frozenset(words)
+
+
+def subject_prompts(n: int, seed: int, words: list[str]) -> list[CorpusPrompt]:
+    """n prompts, each a task of SUBJECT_TASKS about a word of `words` (each word once, in a drawn
+    order, before any word is used again); the key is the word."""
+    rng = random.Random(seed + 404)
+    order = list(words)
+    rng.shuffle(order)
+    out = []
+    for i in range(min(n, len(order) * len(SUBJECT_TASKS))):
+        subject = order[i % len(order)]
+        text = rng.choice(SUBJECT_TASKS).format(subject=subject, other=rng.choice(order))
+        out.append(CorpusPrompt("subjects", f"subject:{subject}", user(text)))
+    return out
 
 
 def follow_up(first: CorpusPrompt, answer: str, rng: random.Random) -> CorpusPrompt:
