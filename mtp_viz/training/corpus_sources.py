@@ -223,12 +223,12 @@ def subject_words(tokenizer, limit: int) -> list[str]:
     """Up to `limit` common words of `tokenizer`'s vocabulary, in id order (a BPE's early ids are
     its frequent merges): lowercase, SUBJECT_WORDS letters long, a single token after a space, used
     as a word in English prose (`prose_words`: a BPE's word pieces, e.g. "includ", are not), not a
-    function word (STOPWORDS) nor an adverb."""
+    function word (STOPWORDS), an adverb nor a past participle (a poor subject)."""
     words: dict[str, None] = {}
     english = prose_words()
     for i in range(len(tokenizer)):
         word = tokenizer.decode([i]).strip()
-        if word not in english or word in STOPWORDS or word.endswith("ly"):
+        if word not in english or word in STOPWORDS or word.endswith(("ly", "ed")):
             continue
         one_token = len(tokenizer.encode(f" {word}", add_special_tokens=False)) == 1
         if SUBJECT_WORDS[0] <= len(word) <= SUBJECT_WORDS[1] and one_token:
