@@ -17,14 +17,25 @@ from mtp_viz.prompts import spec_bench
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.serving.backend import served_target
 from mtp_viz.strategies.base import GenerationSettings
-from mtp_viz.training import corpus_make
-from mtp_viz.training.corpus import CHAT, FIRST, MANIFEST, SUBJECTS, TRAIN, VALIDATION, CorpusConfig, read_records
+from mtp_viz.training import corpus, corpus_make
+from mtp_viz.training.corpus import (
+    CHAT,
+    FIRST,
+    MANIFEST,
+    SUBJECTS,
+    TRAIN,
+    VALIDATION,
+    CorpusConfig,
+    is_complete,
+    read_records,
+)
 from mtp_viz.training.corpus_make import make
 from mtp_viz.training.corpus_sources import STOPWORDS, CorpusPrompt, Dedup, subject_prompts, subject_words, user
 
 SMALL = CorpusConfig(
     templates=5, code=4, documents=3, math=2, chat=3, subjects=0, max_new_tokens=4, shard_size=4, validation_share=0.5
 )
+WORDS = ["water", "school", "music", "garden", "river", "market"]
 ONE_STAGE = {"code": 0, "documents": 0, "math": 0, "chat": 0, "subjects": 0, "max_new_tokens": 2}
 
 
@@ -81,24 +92,44 @@ def test_a_folder_made_with_other_settings_is_refused(use_tiny_registry, tmp_pat
         make("tiny", tmp_path, CorpusConfig(templates=3, **ONE_STAGE), "ours")
 
 
-def test_a_finished_corpus_made_before_subjects_existed_is_extended_by_them(use_tiny_registry, tmp_path):
+def test_a_finished_corpus_made_before_subjects_existed_is_extended_by_them(use_tiny_registry, tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus, "subject_words", lambda tokenizer, limit: WORDS)  # the tiny vocabulary has one
     folder, _ = make("tiny", tmp_path, SMALL, "ours")
     manifest = json.loads((folder / MANIFEST).read_text())
     del manifest["config"]["subjects"]  # as a corpus made before the stage existed says
     (folder / MANIFEST).write_text(json.dumps(manifest))
     before = {p.name: p.read_bytes() for p in folder.glob("*.jsonl.gz")}
 
-    folder, extended = make("tiny", tmp_path, replace(SMALL, subjects=3), "ours")
-    assert extended["complete"] and extended["config"]["subjects"] == 3
+    extend = replace(SMALL, subjects=6)  # stopped after its first shard of two
+    monkeypatch.setattr(corpus_make, "build", _stopping_after(corpus_make.build, 1))
+    with pytest.raises(UserError, match="made otherwise"):  # the stages before it never change
+        make("tiny", tmp_path, replace(extend, templates=6), "ours")
+    folder, stopped = make("tiny", tmp_path, extend, "ours")
+    assert not stopped.get("complete") and not is_complete(folder)  # nothing reads a half-extended corpus
+    with pytest.raises(UserError, match="made otherwise"):  # once the stage has begun, its size is fixed
+        make("tiny", tmp_path, replace(extend, subjects=5), "ours")
+    monkeypatch.setattr(corpus_make, "build", corpus_make.build.__wrapped__)
+    folder, extended = make("tiny", tmp_path, extend, "ours")
+    assert extended["complete"] and extended["config"]["subjects"] == 6
     assert all((folder / name).read_bytes() == data for name, data in before.items())  # not made again
     subjects = list(read_records(folder, SUBJECTS))
-    assert len(subjects) == 3 and {r["source"] for r in subjects} == {"subjects"}
-    assert all(r["key"].startswith("subject:") and r["answer_ids"] for r in subjects)
+    assert len(subjects) == 6 and {r["source"] for r in subjects} == {"subjects"}
+    assert {r["key"] for r in subjects} == {f"topic:{w}" for w in WORDS} and all(r["answer_ids"] for r in subjects)
+    assert {r["split"] for r in subjects} == {TRAIN, VALIDATION}  # by word
     assert extended["answer_tokens"] == sum(len(r["answer_ids"]) for r in read_records(folder))
-    with pytest.raises(UserError, match="made otherwise"):  # once the stage has begun, its size is fixed
-        make("tiny", tmp_path, replace(SMALL, subjects=4), "ours")
-    with pytest.raises(UserError, match="made otherwise"):  # and the stages before it never change
-        make("tiny", tmp_path, replace(SMALL, subjects=3, templates=6), "ours")
+
+
+def test_a_stage_resumed_where_its_prompts_differ_is_refused(use_tiny_registry, tmp_path, monkeypatch):
+    """Prompts depend on the machine (its standard library, its packages): a stage begun on one
+    and resumed on another would repeat or skip prompts at the shard boundary."""
+    cfg = CorpusConfig(templates=0, **(ONE_STAGE | {"subjects": 6}), shard_size=4)
+    monkeypatch.setattr(corpus, "subject_words", lambda tokenizer, limit: WORDS)
+    monkeypatch.setattr(corpus_make, "build", _stopping_after(corpus_make.build, 1))
+    make("tiny", tmp_path, cfg, "ours")
+    monkeypatch.setattr(corpus_make, "build", corpus_make.build.__wrapped__)
+    monkeypatch.setattr(corpus, "subject_words", lambda tokenizer, limit: WORDS[::-1])
+    with pytest.raises(UserError, match="differ from those"):
+        make("tiny", tmp_path, cfg, "ours")
 
 
 def test_subjects_are_the_tokenizers_common_whole_words_one_key_each():
@@ -111,8 +142,8 @@ def test_subjects_are_the_tokenizers_common_whole_words_one_key_each():
     )
     prompts = subject_prompts(60, 0, words)
     keys = [p.key for p in prompts]
-    assert len(set(keys)) == 60 and all(p.key.removeprefix("subject:") in p.text for p in prompts)
-    assert len({p.text.replace(p.key.removeprefix("subject:"), "{}") for p in prompts}) > 8  # many genres
+    assert len(set(keys)) == 60 and all(p.key.removeprefix("topic:") in p.text for p in prompts)
+    assert len({p.text.replace(p.key.removeprefix("topic:"), "{}") for p in prompts}) > 8  # many genres
 
 
 def test_a_vllm_build_starts_its_server_and_stops_it(use_tiny_registry, fake_vllm, tmp_path, monkeypatch, capsys):

@@ -3,9 +3,11 @@ the serving engine, in shards, resumable.
 
 Prompts: mtp_viz.training.corpus_sources (templates, code over the standard library, documents
 installed here, math; then second chat turns; then everyday genres about the tokenizer's common
-words, `subjects`), held-out overlaps dropped. Answers: the target's,
-by a vLLM server at high concurrency (`engine="vllm"`, the default where .venv-vllm exists) or our
-engine (`"ours"`, the same greedy text); most greedy, a share sampled, chosen by the prompt's id.
+words, `subjects`), held-out overlaps dropped; the manifest keeps a digest of each stage's prompts,
+so a build resumed where they differ (another Python or packages) is refused. Answers: the
+target's, by a vLLM server at high concurrency (`engine="vllm"`, the default where .venv-vllm
+exists) or our engine (`"ours"`, the same greedy text); most greedy, a share sampled, chosen by the
+prompt's id.
 
 The folder (the repository's assets/corpus/<model> by default: hours to make, a few MB to keep, so
 a fresh machine resumes or reuses it) holds `first-NNNNN.jsonl.gz` then `chat-NNNNN.jsonl.gz`
@@ -166,19 +168,13 @@ def build(
     dedup = Dedup()
     dropped: dict[str, int] = {}
     written = 0
-    first = items_for(first_prompts(cfg, dedup), encode, cfg, dropped)
-    for stage, items in ((FIRST, first), (CHAT, None), (SUBJECTS, [])):
-        if stage == SUBJECTS and cfg.subjects:
-            words = subject_words(encode.target.tokenizer, SUBJECT_VOCABULARY)
-            prompts = subject_prompts(cfg.subjects, cfg.seed, words)
-            items = items_for([p for p in prompts if dedup.keep(p)], encode, cfg, dropped)
-        if items is None:  # second turns after the first turns' answers, same sides of the split
-            rng = random.Random(cfg.seed + 303)
-            answered = list(read_records(folder, FIRST))
-            rng.shuffle(answered)
-            answered.sort(key=lambda r: r["finish_reason"] != "stop")  # whole answers first, then cut ones
-            follow = [follow_up(_prompt(r), r["answer"], rng) for r in answered[: cfg.chat]]
-            items = items_for([p for p in follow if dedup.keep(p)], encode, cfg, dropped)
+    stages = {  # each stage's prompts made when it is reached (chat reads the first answers)
+        FIRST: lambda: first_prompts(cfg, dedup),
+        CHAT: lambda: [p for p in _follow_ups(folder, cfg) if dedup.keep(p)],
+        SUBJECTS: lambda: [p for p in _subjects(encode, cfg) if dedup.keep(p)],
+    }
+    for stage, prompts in stages.items():
+        items = items_for(prompts(), encode, cfg, dropped)
         shards = [items[i : i + cfg.shard_size] for i in range(0, len(items), cfg.shard_size)]
         for n, shard in enumerate(tqdm(shards, desc=f"corpus: {stage} turns", unit="shard")):
             path = folder / f"{stage}-{n:05d}{SHARD_SUFFIX}"
@@ -186,8 +182,14 @@ def build(
                 continue
             if stop_after_shards is not None and written >= stop_after_shards:
                 return manifest
-            if manifest.pop("complete", None):  # a finished corpus extended: unfinished until it is
-                _save(folder, manifest)
+            digest = hashlib.sha256("".join(i.prompt.id for i in items).encode()).hexdigest()[:16]
+            if manifest.setdefault("prompts", {}).setdefault(stage, digest) != digest:
+                raise UserError(
+                    f"the {stage} prompts made here differ from those {folder} was begun with (another Python, "
+                    "standard library or installed packages?): finish it where it was begun, or pick another folder"
+                )
+            manifest.pop("complete", None)  # a finished corpus extended: unfinished until it is
+            _save(folder, manifest)
             records = [_record(item, a) for item, a in zip(shard, answer(shard), strict=True)]
             data = gzip.compress("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode(), mtime=0)
             write_atomically(path, lambda tmp, d=data: tmp.write_bytes(d), what="a corpus shard")
@@ -199,6 +201,21 @@ def build(
     manifest["answer_tokens"] = sum(s["answer_tokens"] for s in manifest["shards"].values())
     _save(folder, manifest)
     return manifest
+
+
+def _follow_ups(folder: Path, cfg: CorpusConfig) -> list[CorpusPrompt]:
+    """Second turns after the first turns' answers (on their first turns' sides of the split)."""
+    rng = random.Random(cfg.seed + 303)
+    answered = list(read_records(folder, FIRST))
+    rng.shuffle(answered)
+    answered.sort(key=lambda r: r["finish_reason"] != "stop")  # whole answers first, then cut ones
+    return [follow_up(_prompt(r), r["answer"], rng) for r in answered[: cfg.chat]]
+
+
+def _subjects(encode: Encoder, cfg: CorpusConfig) -> list[CorpusPrompt]:
+    if not cfg.subjects:
+        return []
+    return subject_prompts(cfg.subjects, cfg.seed, subject_words(encode.target.tokenizer, SUBJECT_VOCABULARY))
 
 
 def _prompt(record: dict) -> CorpusPrompt:
@@ -231,9 +248,9 @@ def _manifest(folder: Path, cfg: CorpusConfig, model: str, engine: dict) -> dict
     path = folder / MANIFEST
     if path.is_file():
         old = json.loads(path.read_text())
-        made = asdict(CorpusConfig(**{**asdict(cfg), **{k: 0 for k in LATER_STAGES}, **old.get("config", {})}))
+        made = {k: 0 for k in LATER_STAGES} | old.get("config", {})  # a corpus older than a stage: none of it
         free = {k for k, stage in LATER_STAGES.items() if not any(folder.glob(f"{stage}-*{SHARD_SUFFIX}"))}
-        same = all(made[k] == v for k, v in asdict(cfg).items() if k not in free)
+        same = made.keys() == asdict(cfg).keys() and all(made[k] == v for k, v in asdict(cfg).items() if k not in free)
         if old.get("version") != VERSION or not same or old.get("model") != model:
             raise UserError(f"{folder} holds a corpus made otherwise (model or settings); pick another folder")
         old["config"] = asdict(cfg)

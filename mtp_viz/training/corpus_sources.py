@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from transformers import PreTrainedTokenizerBase
+
 from mtp_viz.prompts import spec_bench
 from mtp_viz.training.prompts import TOPICS, instruction_prompts, math_prompts
 
@@ -71,7 +73,7 @@ SUBJECT_TASKS = (
     'What does the word "{subject}" mean? Use it in three example sentences.',
     "Give practical advice to a beginner who wants to learn about {subject}.",
     "What are the advantages and disadvantages of {subject}?",
-    "Compare {subject} and {other}: how are they alike, and how do they differ?",
+    "Write a short poem about {subject}, then explain what it says.",
     "Write a short history of {subject}.",
     "Write a persuasive paragraph arguing that {subject} matters more than most people think.",
     "List five questions people often ask about {subject}, and answer each briefly.",
@@ -91,7 +93,7 @@ DOC_WORDS = (80, 300)  # documents of this many words
 
 @dataclass(frozen=True)
 class CorpusPrompt:
-    source: str  # templates | code | documents | math | chat
+    source: str  # templates | code | documents | math | chat | subjects
     key: str  # what it was made from: the split is drawn by it
     messages: tuple[dict, ...]  # the chat so far, ending with the user's turn
 
@@ -219,11 +221,12 @@ def math_corpus_prompts(n: int, seed: int) -> list[CorpusPrompt]:
     return [CorpusPrompt("math", f"problem:{i % 97}", user(text)) for i, text in enumerate(math_prompts(n, seed))]
 
 
-def subject_words(tokenizer, limit: int) -> list[str]:
+def subject_words(tokenizer: PreTrainedTokenizerBase, limit: int) -> list[str]:
     """Up to `limit` common words of `tokenizer`'s vocabulary, in id order (a BPE's early ids are
     its frequent merges): lowercase, SUBJECT_WORDS letters long, a single token after a space, used
     as a word in English prose (`prose_words`: a BPE's word pieces, e.g. "includ", are not), not a
-    function word (STOPWORDS), an adverb nor a past participle (a poor subject)."""
+    function word (STOPWORDS), nor ending in -ly or -ed (mostly adverbs and past participles, poor
+    subjects; a few nouns, e.g. family, speed, go with them)."""
     words: dict[str, None] = {}
     english = prose_words()
     for i in range(len(tokenizer)):
@@ -257,15 +260,16 @@ def prose_words() -> frozenset[str]:
 
 def subject_prompts(n: int, seed: int, words: list[str]) -> list[CorpusPrompt]:
     """n prompts, each a task of SUBJECT_TASKS about a word of `words` (each word once, in a drawn
-    order, before any word is used again); the key is the word."""
+    order, before any word is used again); the key is the word's as a topic, so a word that is also
+    a template's topic (coffee, chess) is on that topic's side of the split."""
     rng = random.Random(seed + 404)
     order = list(words)
     rng.shuffle(order)
     out = []
     for i in range(min(n, len(order) * len(SUBJECT_TASKS))):
         subject = order[i % len(order)]
-        text = rng.choice(SUBJECT_TASKS).format(subject=subject, other=rng.choice(order))
-        out.append(CorpusPrompt("subjects", f"subject:{subject}", user(text)))
+        text = rng.choice(SUBJECT_TASKS).format(subject=subject)
+        out.append(CorpusPrompt("subjects", f"topic:{subject}", user(text)))  # a template topic's key
     return out
 
 
