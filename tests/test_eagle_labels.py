@@ -35,6 +35,12 @@ def direct(model, tokens: torch.Tensor):
     return top.indices[:, 0], top.values[:, 0] - top.values[:, 1], features
 
 
+# a corpus of every first-turn source and a second turn, both sides of the split
+SMALL = CorpusConfig(
+    templates=3, code=1, documents=1, math=1, chat=1, subjects=0, max_new_tokens=6, validation_share=0.4
+)
+
+
 def check(model, examples: list[eagle.Example], prompt_lens: list[int], cfg: eagle.EagleTrainConfig) -> int:
     checked = 0
     for ex, prompt_len in zip(examples, prompt_lens, strict=True):
@@ -59,10 +65,7 @@ def check(model, examples: list[eagle.Example], prompt_lens: list[int], cfg: eag
 
 
 def test_labels_from_a_feature_store_are_the_targets_next_tokens(target, tmp_path):
-    cfg = CorpusConfig(
-        templates=3, code=1, documents=1, math=1, chat=1, subjects=0, max_new_tokens=6, validation_share=0.4
-    )
-    corpus, _ = make("tiny", tmp_path / "corpus", cfg, OURS)
+    corpus, _ = make("tiny", tmp_path / "corpus", SMALL, OURS)
     store = FeatureStore(build(target.model, corpus, tmp_path / "f", FeatureConfig(aux_layers=LAYERS)))
     identity = torch.arange(target.model.config.vocab_size)
     train_cfg = eagle.EagleTrainConfig()
@@ -81,10 +84,7 @@ def test_labels_of_the_heldout_answers_are_the_targets_next_tokens(target):
 
 def test_labels_straight_from_a_corpus_are_the_targets_next_tokens(target, tmp_path):
     """The third road: a corpus's records, the target's view computed when a batch is collated."""
-    cfg = CorpusConfig(
-        templates=3, code=1, documents=1, math=1, chat=1, subjects=0, max_new_tokens=6, validation_share=0.4
-    )
-    corpus, _ = make("tiny", tmp_path / "corpus", cfg, OURS)
+    corpus, _ = make("tiny", tmp_path / "corpus", SMALL, OURS)
     records = list(read_records(corpus))
     identity = torch.arange(target.model.config.vocab_size)
     train_cfg = eagle.EagleTrainConfig()
@@ -96,10 +96,7 @@ def test_labels_straight_from_a_corpus_are_the_targets_next_tokens(target, tmp_p
 def test_a_corpus_record_becomes_the_example_its_stored_sequence_becomes(target, tmp_path):
     """The corpus road and the store road give one record the same example, cut to the training
     window (a window shorter than the tiny sequences, so the cut is exercised)."""
-    cfg = CorpusConfig(
-        templates=3, code=1, documents=1, math=1, chat=1, subjects=0, max_new_tokens=6, validation_share=0.4
-    )
-    corpus, _ = make("tiny", tmp_path / "corpus", cfg, OURS)
+    corpus, _ = make("tiny", tmp_path / "corpus", SMALL, OURS)
     store = FeatureStore(build(target.model, corpus, tmp_path / "f", FeatureConfig(aux_layers=LAYERS)))
     records, picked = list(read_records(corpus)), np.load(tmp_path / "f" / "record.npy")
     identity = torch.arange(target.model.config.vocab_size)
