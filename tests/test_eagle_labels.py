@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mtp_viz.loading import load_model
-from mtp_viz.training import eagle
+from mtp_viz.training import eagle, eagle_unroll
 from mtp_viz.training.corpus import CorpusConfig, read_records
 from mtp_viz.training.corpus_make import OURS, make
 from mtp_viz.training.eagle_examples import corpus_examples
@@ -50,7 +50,7 @@ def check(model, examples: list[eagle.Example], prompt_lens: list[int], cfg: eag
         argmax, margin, features = direct(model, ex.tokens)
         torch.testing.assert_close(batch["features"][0].float(), features, atol=2e-2, rtol=1e-2)
         for j in range(1, STEPS + 1):
-            labels, _, _, weight = eagle._labels(batch, j, torch.arange(t)[None])
+            labels, _, _, weight = eagle_unroll.step_labels(batch, j, torch.arange(t)[None])
             read = torch.nn.functional.pad(batch["tokens"], (0, j))[0, j : j + t]  # as unroll feeds step j
             for i in range(t):
                 if i + j > n - 2:  # past the last token: no label

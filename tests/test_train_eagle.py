@@ -14,17 +14,8 @@ from mtp_viz.loading import load_model
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.training.data import Sequence
-from mtp_viz.training.eagle import (
-    EagleTrainConfig,
-    Example,
-    _labels,
-    build_drafter,
-    chain_bases,
-    collate,
-    losses,
-    unroll,
-    vocab_tokens,
-)
+from mtp_viz.training.eagle import EagleTrainConfig, Example, agreement, build_drafter, collate, losses, vocab_tokens
+from mtp_viz.training.eagle_unroll import chain_bases, step_labels, unroll
 
 
 def _drafter(seed: int = 0):
@@ -101,7 +92,7 @@ def test_chains_from_where_labels_count_are_the_chains_every_base_computes():
     t = batch["tokens"].shape[1] - 1
     all_bases = torch.arange(t).expand(2, t)
     for j in range(1, steps + 1):
-        labels, full = _labels(batch, j, bases, real), _labels(batch, j, all_bases)
+        labels, full = step_labels(batch, j, bases, real), step_labels(batch, j, all_bases)
         for b in range(2):
             for r in range(bases.shape[1]):
                 i = int(bases[b, r])
@@ -110,6 +101,38 @@ def test_chains_from_where_labels_count_are_the_chains_every_base_computes():
                     continue
                 torch.testing.assert_close(chosen[j][b, r], every[j][b, i], atol=1e-4, rtol=1e-4)
                 assert all(torch.equal(x[b, r], y[b, i]) for x, y in zip(labels, full, strict=True))
+
+
+@torch.no_grad()
+def test_agreement_unrolls_only_chains_that_reach_an_answer_and_scores_as_every_chain_would():
+    """Validation unrolls the chains from `steps` − 1 bases before each row's answer on: per-step
+    top-1 and tokens per forward equal those counted over every chain, with prompts of several
+    lengths (a chain based in a prompt reaches answer labels at its later steps)."""
+    _, drafter = _drafter()
+    g = torch.Generator().manual_seed(5)
+    exs = []
+    for n, prompt in ((14, 7), (9, 2), (12, 10)):
+        ex = _example(torch.randint(0, 64, (n,), generator=g), torch.randn(n, drafter.config.fc_input_size))
+        ex.argmax[:] = torch.randint(0, 12, (n,), generator=g)
+        ex.weight[:prompt], ex.weight[-1] = 0.0, 0.0
+        exs.append(ex)
+    steps = 3
+    batch = collate(exs)
+    t = batch["tokens"].shape[1] - 1
+    every = torch.arange(t).expand(len(exs), t)
+    right, counted, alive_sum = [0.0] * steps, [0.0] * steps, [None] * steps
+    reach = alive = None
+    for j, logits in unroll(drafter, batch, steps):  # every chain, counted on answer labels
+        argmax, _, _, weight = step_labels(batch, j, every)
+        answer, ok = weight == 1.0, logits.argmax(-1) == argmax
+        right[j - 1], counted[j - 1] = float((ok & answer).sum()), float(answer.sum())
+        reach = answer if reach is None else reach & answer
+        alive = ok if alive is None else alive & ok
+        alive_sum[j - 1] = alive
+    expected = {f"val_top1_step{j + 1}": right[j] / counted[j] for j in range(steps)}
+    expected["val_mean_accepted_tokens"] = 1 + sum(float((a & reach).sum()) for a in alive_sum) / float(reach.sum())
+    assert 0 < expected["val_top1_step1"] < 1 and expected["val_mean_accepted_tokens"] > 1  # not trivially equal
+    assert agreement(drafter, exs, steps, budget=10**6) == pytest.approx(expected, abs=1e-6)
 
 
 def test_losses_fall_on_a_batch_it_trains_on():

@@ -7,16 +7,8 @@ and top-k view of every position, and its residual streams after the drafter's `
 layers (low, middle, high; fp16). Every validation also scores the fixed held-out set
 (mtp_viz.training.heldout).
 
-Training-time test (EAGLE-3, Li et al. 2025): the drafter is unrolled `ttt_steps` times, every
-position at once. Step 1 reads (token i+1, fuse(features at i)) at position i, as drafting starts
-after each verify; step j reads (token i+j, the drafter's own step j−1 output for the same chain)
-at position i+j−1, attending to step 1's entries up to i (the committed prefix, built from the
-target's features) and to its own chain's entries of steps 2..j, as the drafter sees its cache
-when it drafts. Tokens are the sequence's own (a draft only counts while every earlier draft was
-right). Step j of chain i is scored against the target's view of position i+j (the token after
-next): cross entropy to its argmax and to its top-k distribution renormalised over the draft
-vocabulary, answer positions weighted 1 and prompt positions `prompt_weight` (0: then only chains
-from a prompt's end on are computed: chain_bases), step j weighted `step_decay` ** (j − 1).
+Training-time test: mtp_viz.training.eagle_unroll (the drafter unrolled `ttt_steps` times over
+every position at once, each step scored against the target's view of the token after next).
 """
 
 import json
@@ -28,7 +20,6 @@ from pathlib import Path
 
 import torch
 from torch.nn import functional as F
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from mtp_viz.drafters.eagle3 import Eagle3Config, Eagle3Drafter, load_eagle3, save_eagle3
 from mtp_viz.drafters.eagle3_config import default_aux_layer_ids
@@ -53,6 +44,7 @@ from mtp_viz.training.eagle_examples import (
     vocab_coverage,
     vocab_tokens,
 )
+from mtp_viz.training.eagle_unroll import at_step, chain_bases, step_labels, unroll
 from mtp_viz.training.features import FeatureStore, is_store, store_sequence
 from mtp_viz.training.heldout import as_heldout, spec_bench_heldout
 from mtp_viz.training.loop import REPORT, TrainJob, restart_state, saved_run, seed_everything
@@ -92,117 +84,12 @@ def trained_parameters(drafter: Eagle3Drafter) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in drafter.named_parameters() if not n.startswith("embed_tokens.")}
 
 
-def chain_bases(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chain bases a loss reads, row by row: from the first whose step-1 label counts (weight
-    > 0) to the last, left-aligned as (B, T') positions with a (B, T') mask of the real ones (the
-    rest repeat a real base). With prompt positions unweighted, chains based in a prompt, which
-    drafting never starts, are not computed: a row's answer decides T', not its prompt."""
-    counts = batch["weight"][:, 1:] > 0  # base i's step-1 label is position i + 1's
-    t = counts.shape[1]
-    idx = torch.arange(t, device=counts.device).expand_as(counts)
-    first = torch.where(counts, idx, t).min(1).values
-    last = torch.where(counts, idx, -1).max(1).values
-    width = max(1, int((last - first + 1).clamp(min=0).max()))
-    pos = first.clamp(max=t - 1)[:, None] + torch.arange(width, device=counts.device)
-    return pos.clamp(max=t - 1), pos <= last[:, None]
-
-
-def unroll(
-    drafter: Eagle3Drafter,
-    batch: dict[str, torch.Tensor],
-    steps: int,
-    states: list | None = None,
-    bases: torch.Tensor | None = None,
-):
-    """Training-time test: yields (step j, draft logits (B, T', V_d)) for j = 1..steps over the
-    chain bases `bases` (B, T') of each row (default every base i < T = L − 1, the same in each
-    row; see the module docstring); `states`, if given, gets each step's normed state (B, T', H),
-    the one its head reads. Step 1 reads its keys and values at every position: the committed
-    prefix the chains attend to."""
-    layer, c = drafter.midlayer, drafter.config
-    attn = layer.self_attn
-    tokens = batch["tokens"]
-    b, length = tokens.shape
-    t = length - 1
-    at = dict(device=tokens.device)
-    bases = torch.arange(t, **at).expand(b, t) if bases is None else bases
-    width = bases.shape[1]
-    fused = drafter.fuse(batch["features"][:, :t].float())  # (B, T, H)
-    row = lambda x: x.gather(1, bases[..., None].expand(-1, -1, x.shape[-1]))  # noqa: E731  (B, T, *) → (B, T', *)
-    x = torch.cat([layer.input_layernorm(drafter.embed_tokens(tokens[:, 1:])), layer.hidden_norm(fused)], -1)
-    k = attn.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)  # (B, kv, T, d)
-    cos, sin = drafter.rotary(fused, torch.arange(t, **at)[None])
-    keys, values = [_rotated(k, cos, sin)], [attn.v_proj(x).view(b, t, -1, c.head_dim).transpose(1, 2)]
-    hidden_prefix = torch.arange(t, **at)[None, None] > bases[..., None]  # (B, T', T): base i sees step 1's entries ≤ i
-    hidden, x = row(fused), row(x)
-    for j in range(1, steps + 1):
-        if j > 1:
-            step_tokens = F.pad(tokens, (0, j)).gather(1, bases + j)  # token i+j for chain i
-            x = torch.cat([layer.input_layernorm(drafter.embed_tokens(step_tokens)), layer.hidden_norm(hidden)], -1)
-        cos, sin = drafter.rotary(hidden, bases + j - 1)  # (B, T', d)
-        q = _rotated(attn.q_proj(x).view(b, width, c.num_attention_heads, c.head_dim).transpose(1, 2), cos, sin)
-        if j > 1:
-            keys.append(_rotated(attn.k_proj(x).view(b, width, -1, c.head_dim).transpose(1, 2), cos, sin))
-            values.append(attn.v_proj(x).view(b, width, -1, c.head_dim).transpose(1, 2))
-        y = _chain_attention(q, keys, values, hidden_prefix)
-        h = hidden + attn.o_proj(y.transpose(1, 2).reshape(b, width, -1))
-        hidden = h + layer.mlp(layer.post_attention_layernorm(h))
-        normed = drafter.norm(hidden)
-        if states is not None:
-            states.append(normed)
-        yield j, drafter.lm_head(normed)
-
-
-def _chain_attention(q: torch.Tensor, keys: list, values: list, hidden_prefix: torch.Tensor) -> torch.Tensor:
-    """Attention of the chains' queries q (B, heads, T', d) to step 1's entries (keys[0], values[0]:
-    (B, kv, T, d), those `hidden_prefix` (B, T', T) hides left out) and to their own chain's entries
-    of the later steps (keys[s], values[s]: (B, kv, T', d), chain i's at row i). The own-chain part
-    is one entry per chain and step, so it is scored elementwise, not as T' keys masked to one (a
-    dense masked attention over T + (j − 1)·T' keys did ~2.4x the work over 5 steps)."""
-    b, heads, width, d = q.shape
-    kv = keys[0].shape[1]
-    q = q.view(b, kv, heads // kv, width, d) * d**-0.5  # grouped queries share their key/value head
-    prefix = q.flatten(2, 3) @ keys[0].transpose(2, 3)  # (B, kv, g·T', T)
-    prefix = prefix.view(b, kv, heads // kv, width, -1).masked_fill(hidden_prefix[:, None, None], float("-inf"))
-    own = [(q * k[:, :, None]).sum(-1, keepdim=True) for k in keys[1:]]  # (B, kv, g, T', 1) each
-    p = torch.softmax(torch.cat([prefix, *own], -1), -1)
-    t = prefix.shape[-1]
-    y = (p[..., :t].flatten(2, 3) @ values[0]).view(b, kv, heads // kv, width, d)
-    for s, v in enumerate(values[1:]):
-        y = y + p[..., t + s : t + s + 1] * v[:, :, None]
-    return y.view(b, heads, width, d)
-
-
-def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary positions applied to (B, heads, T, d) by (B or 1, T, d) angles."""
-    return apply_rotary_pos_emb(x, x, cos, sin)[0]
-
-
-def _at(x: torch.Tensor, j: int, bases: torch.Tensor, fill) -> torch.Tensor:
-    """x (B, L, *) at positions bases + j (B, T'), `fill` past the end."""
-    padded = F.pad(x, (0, 0, 0, j) if x.dim() == 3 else (0, j), value=fill)
-    index = bases + j
-    return padded.gather(1, index[..., None].expand(-1, -1, x.shape[2]) if x.dim() == 3 else index)
-
-
-def _labels(batch: dict[str, torch.Tensor], j: int, bases: torch.Tensor, real: torch.Tensor | None = None):
-    """The labels of step j for chain bases `bases` (B, T'): the target's view of position i + j;
-    weight 0 where `real` (B, T') is False."""
-    weight = _at(batch["weight"], j, bases, 0.0)
-    return (
-        _at(batch["argmax"], j, bases, -1),
-        _at(batch["topk_ids"], j, bases, -1),
-        _at(batch["topk_p"], j, bases, 0.0),
-        weight if real is None else weight * real,
-    )
-
-
 def losses(drafter: Eagle3Drafter, batch: dict[str, torch.Tensor], cfg: EagleTrainConfig):
     total, stats = 0.0, {}
     bases, real = chain_bases(batch)
     states = [] if cfg.regression_weight else None
     for j, logits in unroll(drafter, batch, cfg.ttt_steps, states, bases):
-        argmax, ids, p, weight = _labels(batch, j, bases, real)
+        argmax, ids, p, weight = step_labels(batch, j, bases, real)
         logp = torch.log_softmax(logits.float(), -1)  # (B, T, V_d)
         # the argmax (weight 1 where in the draft vocabulary) and the top-k (p, 0 outside) in one gather:
         # its backward fills a (B, T, V_d) gradient with zeros, once rather than twice
@@ -210,7 +97,7 @@ def losses(drafter: Eagle3Drafter, batch: dict[str, torch.Tensor], cfg: EagleTra
         mass = torch.cat([(argmax >= 0)[..., None].float(), cfg.soft_weight * p], -1)
         per = -(mass * logp.gather(-1, picked)).sum(-1) * weight  # hard + soft_weight · soft
         if states is not None:  # toward the state the target's head read at the labelled position
-            goal = _at(batch["hidden"], j, bases, 0.0).float()
+            goal = at_step(batch["hidden"], j, bases, 0.0).float()
             per = per + cfg.regression_weight * F.smooth_l1_loss(states[-1], goal, reduction="none").mean(-1) * weight
         loss = per.sum() / weight.sum().clamp(min=1)
         total = total + cfg.step_decay ** (j - 1) * loss
@@ -223,19 +110,17 @@ def agreement(drafter: Eagle3Drafter, exs: list[Example | Pending], steps: int, 
     """Teacher-forced, on answer positions (weight 1): per step, top-1 agreement with the target's
     argmax (a label outside the draft vocabulary is a miss); and the tokens a greedy chain of
     `steps` drafts yields per target forward, 1 + Σ_j P(drafts 1..j right), over chains whose
-    every label lies in an answer."""
+    every label lies in an answer. Only chains that reach an answer label within `steps` are
+    unrolled (those based in a prompt further back count nowhere)."""
     right, counted, alive_sum = torch.zeros(steps), torch.zeros(steps), torch.zeros(steps)
     complete = 0.0
     for group in batches_of(exs, budget, random.Random(0)):
         batch = on_device(collate(group), drafter.lm_head.weight.device)
-        b, length = batch["tokens"].shape
-        bases = torch.arange(length - 1, device=batch["tokens"].device).expand(
-            b, -1
-        )  # every chain: the same chains as ever
+        bases, real = chain_bases(batch, lookback=steps - 1)
         reach = alive = None
         alives = []
-        for j, logits in unroll(drafter, batch, steps):
-            argmax, _, _, weight = _labels(batch, j, bases)
+        for j, logits in unroll(drafter, batch, steps, bases=bases):
+            argmax, _, _, weight = step_labels(batch, j, bases, real)
             answer = weight == 1.0
             ok = logits.argmax(-1) == argmax
             right[j - 1] += float((ok & answer).sum())
