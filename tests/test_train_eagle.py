@@ -2,6 +2,7 @@
 and `train eagle` runs end to end, resumably, into a checkpoint the loader reads."""
 
 import json
+import random
 from dataclasses import replace
 
 import pytest
@@ -13,7 +14,9 @@ from mtp_viz.drafters.eagle3 import load_eagle3
 from mtp_viz.loading import load_model
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
+from mtp_viz.training import eagle_examples
 from mtp_viz.training.data import Sequence
+from mtp_viz.training.draft import batches_of
 from mtp_viz.training.eagle import EagleTrainConfig, Example, agreement, build_drafter, collate, losses, vocab_tokens
 from mtp_viz.training.eagle_unroll import chain_bases, step_labels, unroll
 
@@ -133,6 +136,28 @@ def test_agreement_unrolls_only_chains_that_reach_an_answer_and_scores_as_every_
     expected["val_mean_accepted_tokens"] = 1 + sum(float((a & reach).sum()) for a in alive_sum) / float(reach.sum())
     assert 0 < expected["val_top1_step1"] < 1 and expected["val_mean_accepted_tokens"] > 1  # not trivially equal
     assert agreement(drafter, exs, steps, budget=10**6) == pytest.approx(expected, abs=1e-6)
+
+
+def test_chain_batches_group_answers_of_a_length_within_both_budgets():
+    """With prompts unweighted, EAGLE-3 batches rows of like answer length together (the chains a
+    loss unrolls): rows × the longest answer within the budget, rows × the longest window within
+    WINDOW_ROOM times it, every example once, and less chain padding than batching by length."""
+    g = torch.Generator().manual_seed(4)
+    exs = []
+    for n, prompt in [(40, 35), (40, 5), (30, 25), (30, 2), (20, 16), (20, 1), (12, 8), (12, 2)] * 2:
+        ex = _example(torch.randint(0, 64, (n,), generator=g), torch.zeros(n, 3))
+        ex.weight[: prompt - 1], ex.weight[-1] = 0.0, 0.0
+        exs.append(ex)
+    assert [e.answer for e in exs[:2]] == [6, 36]  # positions from the prompt's last on
+    budget = 40
+    by_answer = eagle_examples.chain_batches(exs, budget, random.Random(0))
+    by_length = batches_of(exs, eagle_examples.WINDOW_ROOM * budget, random.Random(0))
+    for groups in (by_answer, by_length):
+        assert sorted(id(e) for g in groups for e in g) == sorted(id(e) for e in exs)
+        assert all(len(g) * max(len(e.tokens) for e in g) <= eagle_examples.WINDOW_ROOM * budget for g in groups)
+    assert all(len(g) * max(e.answer for e in g) <= budget for g in by_answer)
+    width = lambda groups: sum(len(g) * max(e.answer for e in g) for g in groups)  # noqa: E731
+    assert width(by_answer) < width(by_length)
 
 
 def test_losses_fall_on_a_batch_it_trains_on():

@@ -80,15 +80,19 @@ def collate(seqs: list[Sequence], index: torch.Tensor, prompt_weight: float) -> 
     return b
 
 
-def batches_of(seqs: list[Sequence], tokens_per_batch: int, rng: random.Random) -> list[list[Sequence]]:
-    """Length-sorted groups of at most `tokens_per_batch` padded tokens, in shuffled order."""
-    ordered = sorted(seqs, key=lambda s: len(s.tokens))
-    groups, group = [], []
-    for s in ordered:
-        if group and len(s.tokens) * (len(group) + 1) > tokens_per_batch:
+def batches_of(seqs: list, tokens_per_batch: int, rng: random.Random, order=None, limits=()) -> list[list]:
+    """Groups of at most `tokens_per_batch` padded tokens (rows × the longest row), consecutive in
+    `order` (default: length, so that rows pad little), in shuffled order; `limits`: more (size of
+    a row, budget) bounds each group keeps (rows × its largest size ≤ budget)."""
+    bounds = [(lambda s: len(s.tokens), tokens_per_batch), *limits]
+    groups, group, largest = [], [], [0] * len(bounds)
+    for s in sorted(seqs, key=order or (lambda s: len(s.tokens))):
+        sizes = [size(s) for size, _ in bounds]
+        if group and any(max(m, n) * (len(group) + 1) > b for m, n, (_, b) in zip(largest, sizes, bounds, strict=True)):
             groups.append(group)
-            group = []
+            group, largest = [], [0] * len(bounds)
         group.append(s)
+        largest = [max(m, n) for m, n in zip(largest, sizes, strict=True)]
     if group:
         groups.append(group)
     rng.shuffle(groups)

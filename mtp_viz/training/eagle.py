@@ -33,6 +33,7 @@ from mtp_viz.training.eagle_examples import (
     Example,
     Pending,
     cache_features,
+    chain_batches,
     collate,
     corpus_examples,
     examples,
@@ -114,7 +115,7 @@ def agreement(drafter: Eagle3Drafter, exs: list[Example | Pending], steps: int, 
     unrolled (those based in a prompt further back count nowhere)."""
     right, counted, alive_sum = torch.zeros(steps), torch.zeros(steps), torch.zeros(steps)
     complete = 0.0
-    for group in batches_of(exs, budget, random.Random(0)):
+    for group in chain_batches(exs, budget, random.Random(0)):
         batch = on_device(collate(group), drafter.lm_head.weight.device)
         bases, real = chain_bases(batch, lookback=steps - 1)
         reach = alive = None
@@ -198,7 +199,10 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
         job.log(f"eagle: the draft vocabulary holds {coverage:.1%} of the held-out answers' target tokens")
 
     def epoch_batches(epoch: int) -> list[list]:  # collated one step at a time (loss_fn): RAM stays flat
-        return batches_of(train_exs, cfg.tokens_per_batch, random.Random(cfg.loop.seed * 1000 + epoch))
+        rng = random.Random(cfg.loop.seed * 1000 + epoch)
+        if cfg.prompt_weight == 0:  # the chains from each prompt's end: batched by the answers' lengths
+            return chain_batches(train_exs, cfg.tokens_per_batch, rng)
+        return batches_of(train_exs, cfg.tokens_per_batch, rng)  # every chain: by the windows' lengths
 
     def validate() -> dict[str, float]:
         drafter.eval()

@@ -21,6 +21,7 @@ import torch
 
 from mtp_viz.errors import UserError
 from mtp_viz.training.data import Sequence, load_sequences, shards
+from mtp_viz.training.draft import batches_of
 from mtp_viz.training.features import FeatureConfig, FeatureStore, store_sequence, target_view
 from mtp_viz.training.heldout import PER_CATEGORY
 from mtp_viz.training.loop import LoopConfig
@@ -34,7 +35,7 @@ class EagleTrainConfig:
     reduced_vocab: int = 8192
     aux_layers: tuple[int, ...] | None = None  # None: vLLM's default (2, L/2, L−3)
     max_tokens: int = 640  # a longer sequence keeps its last max_tokens
-    tokens_per_batch: int = 4096  # padded tokens per optimizer step
+    tokens_per_batch: int = 4096  # padded positions a step trains: its chains (prompt unweighted), else its windows
     step_decay: float = 0.8
     soft_weight: float = 0.5
     prompt_weight: float = 0.0  # 0: only chains from a prompt's end on are computed (the shipped drafter: 0.2)
@@ -63,6 +64,11 @@ class Example:
     def ready(self) -> "Example":
         return self
 
+    @property
+    def answer(self) -> int:
+        """Its positions from the prompt's last on (answer labels, weight 1, and the last position)."""
+        return int((self.weight == 1.0).sum()) + 1
+
 
 @dataclass(frozen=True)
 class Pending:
@@ -80,6 +86,11 @@ class Pending:
     def tokens(self) -> torch.Tensor:
         """The tokens it trains on (its last max_tokens, as the Example keeps): what batches are sized by."""
         return self.seq.tokens[-self.cfg.max_tokens :]
+
+    @property
+    def answer(self) -> int:
+        """Its window's positions from the prompt's last on: the chains a loss unrolls (prompt unweighted)."""
+        return in_window(len(self.seq.tokens), self.seq.prompt_len, self.cfg.max_tokens)
 
     def ready(self) -> Example:
         h, kept = self.features.shape[1] // self.blocks, self.features[-self.cfg.max_tokens :]  # read no more
@@ -101,6 +112,11 @@ class Unseen:
     index: torch.Tensor
     cfg: "EagleTrainConfig"
 
+    @property
+    def answer(self) -> int:
+        """Its window's positions from the prompt's last on: the chains a loss unrolls (prompt unweighted)."""
+        return in_window(len(self.ids), self.prompt_len, self.cfg.max_tokens)
+
     def ready(self) -> Example:
         # labels only where a loss or a score reads them: in the window, and from the prompt's last position
         first = max(0, len(self.ids) - self.cfg.max_tokens, self.prompt_len - 1 if self.cfg.prompt_weight == 0 else 0)
@@ -113,6 +129,29 @@ class Unseen:
         seq = Sequence(tokens, self.prompt_len, view.final[0, :-1].half().cpu(), top_ids[:, 0], top_ids, top_logp)
         kept = view.aux[0, -self.cfg.max_tokens :].half().cpu().clone()  # not a view of all its positions
         return example(seq, kept, self.index, self.cfg)
+
+
+def in_window(n: int, prompt_len: int, window: int) -> int:
+    """The positions of a sequence's last `window` (of n) from its prompt's last position on."""
+    kept = min(n, window)
+    return kept - min(kept, max(0, prompt_len - 1 - (n - kept)))
+
+
+WINDOW_ROOM = 4  # chains batched by answer: a batch's windows may pad to this many times its chain budget
+
+
+def by_answer(item: Example | Pending | Unseen) -> tuple[int, int]:
+    """A batch order for chains unrolled from the prompt's end (eagle_unroll.chain_bases): rows with
+    answers of a length together, so a batch's chain width pads little (grouping by the window's
+    length left ~17% of the corpus's chain positions padding)."""
+    return item.answer, len(item.tokens)
+
+
+def chain_batches(items: list, chains_per_batch: int, rng) -> list[list]:
+    """Batches of rows × the longest answer ≤ `chains_per_batch` (the chains a loss unrolls, so
+    every step trains about as many), their windows ≤ WINDOW_ROOM × that, in shuffled order."""
+    limits = [(lambda e: e.answer, chains_per_batch)]
+    return batches_of(items, WINDOW_ROOM * chains_per_batch, rng, by_answer, limits)
 
 
 def corpus_examples(
