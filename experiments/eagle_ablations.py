@@ -3,17 +3,17 @@
     nice .venv/bin/python experiments/eagle_ablations.py --store ~/.cache/mtp-viz/features/smollm2-135m \\
         --steps 100 | tee docs/results/eagle3-ablations.log
 
-Every variant trains from the same feature store (the corpus's full store: 100 steps of 4,096 tokens
-are a seeded draw of ~0.4M of its 2.5M training tokens, the same batches for every variant; a `train
-features --sequences N` store does as well where the full one is not built) for the same optimizer
-steps, seed and schedule (wsd: it decays at the end, so the last validation is the variant's best
-guess at its asymptote rather than a point on a plateau), changing one thing against `base` (vLLM's
-default layers 2/15/27, cross entropy only, the head learning from the start, the draft vocabulary
-from every token). The runs go to `--runs` (default the cache's runs/ablations) and a finished one
-is not run again, so the script resumes: a stopped one goes on from its last checkpoint
-(`--resume`); a table of the last validation of each (the corpus's validation side and the
-Spec-Bench held-out answers, per draft step, and the tokens a chain of its 5 steps yields per target
-forward) ends the log.
+Every variant trains from the same feature store (the corpus's full store: 100 steps of 4,096 chain
+positions are a seeded draw of ~0.4M of its 1.7M trained answer positions, the same batches for
+every variant; a `train features --sequences N` store does as well where the full one is not built)
+for the same optimizer steps, seed and schedule (wsd: it decays at the end, so the last validation
+is the variant's best guess at its asymptote rather than a point on a plateau), changing one thing
+against `base` (vLLM's default layers 2/15/27, cross entropy only, the head learning from the start,
+the draft vocabulary from every token). The runs go to `--runs` (default the cache's runs/ablations)
+and a finished one is not run again, so the script resumes: a stopped one goes on from its last
+checkpoint (`--resume`); a table of the last validation of each (the corpus's validation side and
+the Spec-Bench held-out answers, per draft step, and the tokens a chain of its 5 steps yields per
+target forward) ends the log.
 """
 
 import argparse

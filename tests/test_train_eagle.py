@@ -21,8 +21,9 @@ from mtp_viz.training.eagle import EagleTrainConfig, Example, agreement, build_d
 from mtp_viz.training.eagle_unroll import chain_bases, step_labels, unroll
 
 
-def _drafter(seed: int = 0):
-    target = tiny_model("llama-3l-mha", vocab_size=64)
+def _drafter(seed: int = 0, kv_heads: int = 4):
+    """kv_heads < 4: grouped queries (the embedded target's 9 heads share 3)."""
+    target = tiny_model("llama-3l-mha", vocab_size=64, num_key_value_heads=kv_heads)
     vocab = torch.tensor([0, 3, 5, 8, 9, 12, 20, 33, 40, 41, 50, 63])
     drafter = build_drafter(target, (0, 1, 2), vocab)
     torch.manual_seed(seed)
@@ -46,10 +47,11 @@ def _example(tokens: torch.Tensor, features: torch.Tensor) -> Example:
 
 
 @torch.no_grad()
-def test_training_time_test_computes_what_drafting_computes():
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_training_time_test_computes_what_drafting_computes(kv_heads):
     """Step j of chain i in training equals drafting after position i: the drafter's cache holds
     step-1 entries for positions 0..i (from the target's features), then its own chain."""
-    target, drafter = _drafter()
+    target, drafter = _drafter(kv_heads=kv_heads)
     g = torch.Generator().manual_seed(1)
     n, steps = 11, 3
     tokens = torch.randint(0, 64, (n,), generator=g)
@@ -107,35 +109,62 @@ def test_chains_from_where_labels_count_are_the_chains_every_base_computes():
 
 
 @torch.no_grad()
-def test_agreement_unrolls_only_chains_that_reach_an_answer_and_scores_as_every_chain_would():
+@pytest.mark.parametrize("prompt_weight", [0.0, 0.2])
+def test_agreement_unrolls_only_chains_that_reach_an_answer_and_scores_as_every_chain_would(prompt_weight):
     """Validation unrolls the chains from `steps` − 1 bases before each row's answer on: per-step
     top-1 and tokens per forward equal those counted over every chain, with prompts of several
-    lengths (a chain based in a prompt reaches answer labels at its later steps)."""
-    _, drafter = _drafter()
+    lengths (a chain based in a prompt reaches answer labels at its later steps), prompts weighted
+    or not (a weighted prompt is still not scored), in one batch or several."""
+    _, drafter = _drafter(kv_heads=2)
     g = torch.Generator().manual_seed(5)
     exs = []
-    for n, prompt in ((14, 7), (9, 2), (12, 10)):
+    for n, prompt in ((14, 7), (9, 2), (12, 10), (6, 5)):
         ex = _example(torch.randint(0, 64, (n,), generator=g), torch.randn(n, drafter.config.fc_input_size))
         ex.argmax[:] = torch.randint(0, 12, (n,), generator=g)
-        ex.weight[:prompt], ex.weight[-1] = 0.0, 0.0
+        ex.weight[:prompt], ex.weight[-1] = prompt_weight, 0.0
         exs.append(ex)
     steps = 3
-    batch = collate(exs)
-    t = batch["tokens"].shape[1] - 1
-    every = torch.arange(t).expand(len(exs), t)
-    right, counted, alive_sum = [0.0] * steps, [0.0] * steps, [None] * steps
-    reach = alive = None
-    for j, logits in unroll(drafter, batch, steps):  # every chain, counted on answer labels
-        argmax, _, _, weight = step_labels(batch, j, every)
-        answer, ok = weight == 1.0, logits.argmax(-1) == argmax
-        right[j - 1], counted[j - 1] = float((ok & answer).sum()), float(answer.sum())
-        reach = answer if reach is None else reach & answer
-        alive = ok if alive is None else alive & ok
-        alive_sum[j - 1] = alive
+    right, counted, alive_sum, complete = [0.0] * steps, [0.0] * steps, [0.0] * steps, 0.0
+    for ex in exs:  # every chain of each row alone, counted on answer labels
+        batch = collate([ex])
+        every = torch.arange(batch["tokens"].shape[1] - 1)[None]
+        reach = alive = None
+        alives = []
+        for j, logits in unroll(drafter, batch, steps):
+            argmax, _, _, weight = step_labels(batch, j, every)
+            answer, ok = weight == 1.0, logits.argmax(-1) == argmax
+            right[j - 1] += float((ok & answer).sum())
+            counted[j - 1] += float(answer.sum())
+            reach = answer if reach is None else reach & answer
+            alive = ok if alive is None else alive & ok
+            alives.append(alive)
+        alive_sum = [a + float((x & reach).sum()) for a, x in zip(alive_sum, alives, strict=True)]
+        complete += float(reach.sum())
     expected = {f"val_top1_step{j + 1}": right[j] / counted[j] for j in range(steps)}
-    expected["val_mean_accepted_tokens"] = 1 + sum(float((a & reach).sum()) for a in alive_sum) / float(reach.sum())
+    expected["val_mean_accepted_tokens"] = 1 + sum(alive_sum) / complete
     assert 0 < expected["val_top1_step1"] < 1 and expected["val_mean_accepted_tokens"] > 1  # not trivially equal
-    assert agreement(drafter, exs, steps, budget=10**6) == pytest.approx(expected, abs=1e-6)
+    for budget in (10**6, 12):  # one batch, or several
+        assert agreement(drafter, exs, steps, budget=budget) == pytest.approx(expected, abs=1e-6)
+    batch = collate(exs)
+    bases, real = chain_bases(batch, lookback=steps - 1, answer_only=True)
+    assert bases.shape[1] <= 8 + steps - 1 < batch["tokens"].shape[1] - 1  # the longest answer's chains, not every base
+
+
+def test_an_examples_answer_span_is_the_same_on_every_road():
+    """`answer` (what EAGLE-3 batches are sized and ordered by) of a store's or a corpus's sequence
+    before it is made an example equals the example's own, for every cut of the window."""
+    cfg = EagleTrainConfig()
+    index = torch.arange(64)
+    for n in range(2, 14):
+        for prompt_len in range(1, n):
+            for window in (1, 2, 3, 5, 8, 20):
+                tokens = torch.arange(n, dtype=torch.int32)
+                labels = torch.zeros(n - 1, dtype=torch.int32)
+                seq = Sequence(
+                    tokens, prompt_len, None, labels, torch.zeros(n - 1, 2, dtype=torch.int32), torch.zeros(n - 1, 2)
+                )
+                ex = eagle_examples.example(seq, torch.zeros(n, 3), index, replace(cfg, max_tokens=window))
+                assert ex.answer == eagle_examples.in_window(n, prompt_len, window), (n, prompt_len, window)
 
 
 def test_chain_batches_group_answers_of_a_length_within_both_budgets():

@@ -117,7 +117,7 @@ def agreement(drafter: Eagle3Drafter, exs: list[Example | Pending], steps: int, 
     complete = 0.0
     for group in chain_batches(exs, budget, random.Random(0)):
         batch = on_device(collate(group), drafter.lm_head.weight.device)
-        bases, real = chain_bases(batch, lookback=steps - 1)
+        bases, real = chain_bases(batch, lookback=steps - 1, answer_only=True)
         reach = alive = None
         alives = []
         for j, logits in unroll(drafter, batch, steps, bases=bases):

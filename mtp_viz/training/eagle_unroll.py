@@ -19,14 +19,18 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from mtp_viz.drafters.eagle3 import Eagle3Drafter
 
 
-def chain_bases(batch: dict[str, torch.Tensor], lookback: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def chain_bases(
+    batch: dict[str, torch.Tensor], lookback: int = 0, answer_only: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The chain bases a loss reads, row by row: from the first whose step-1 label counts (weight
     > 0) to the last, left-aligned as (B, T') positions with a (B, T') mask of the real ones (the
     rest repeat a real base). With prompt positions unweighted, chains based in a prompt, which
     drafting never starts, are not computed: a row's answer decides T', not its prompt.
     `lookback`: that many bases before the first as well (a chain from there reaches a counted
-    label at a later step)."""
-    counts = batch["weight"][:, 1:] > 0  # base i's step-1 label is position i + 1's
+    label at a later step). `answer_only`: labels count where weighted 1 (answers), not > 0 (what
+    validation scores, whatever weight a prompt's labels train with)."""
+    weight = batch["weight"][:, 1:]  # base i's step-1 label is position i + 1's
+    counts = weight == 1.0 if answer_only else weight > 0
     t = counts.shape[1]
     idx = torch.arange(t, device=counts.device).expand_as(counts)
     first = (torch.where(counts, idx, t).min(1).values - lookback).clamp(min=0)
@@ -62,7 +66,7 @@ def unroll(
     k = attn.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)  # (B, kv, T, d)
     cos, sin = drafter.rotary(fused, torch.arange(t, **at)[None])
     keys, values = [_rotated(k, cos, sin)], [attn.v_proj(x).view(b, t, -1, c.head_dim).transpose(1, 2)]
-    hidden_prefix = torch.arange(t, **at)[None, None] > bases[..., None]  # (B, T', T): base i sees step 1's entries ≤ i
+    hidden_prefix = torch.arange(t, **at)[None, None] > bases[..., None]  # (B, T', T): hides step 1's entries > base i
     hidden, x = row(fused), row(x)
     for j in range(1, steps + 1):
         if j > 1:
