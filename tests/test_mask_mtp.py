@@ -92,13 +92,18 @@ def test_lean_forward_of_a_mask_model_matches_transformers(peaked, monkeypatch, 
 
 
 def test_saved_adapter_loads_back_identically(peaked, tmp_path):
-    from mtp_viz.drafters.mask import save_mask_model
+    """It ships in float16: loaded back, it is the adapter with its weights rounded to float16, bit for bit."""
+    from mtp_viz.drafters.mask import adapter_parameters, save_mask_model
 
     view = random_adapter(peaked)
     save_mask_model(view, tmp_path / "adapter")
     again = load_mask_model(peaked, tmp_path / "adapter")
     ids = torch.tensor([[3, 1, 5, V, V]])
     with torch.no_grad():
+        before = view(ids).logits
+        for p in adapter_parameters(view).values():
+            p.copy_(p.half().float())
+        assert not torch.equal(before, view(ids).logits)  # the rounding shows at this scale
         assert torch.equal(view(ids).logits, again(ids).logits)
     with pytest.raises(UserError, match="holds no mask-token adapter"):
         load_mask_model(peaked, tmp_path)

@@ -116,12 +116,12 @@ def test_the_mask_prompt_was_held_out_of_training():
 
 def test_shipped_mask_adapter_loads_through_the_registry_and_beats_an_untrained_one(target):
     """The embedded model's mask-token MTP model: a view of the same weights plus a LoRA adapter
-    under 25 MB; mask_spec on it stays lossless and drafts clearly better than an untrained adapter."""
+    of about 10 MB (float16); mask_spec on it stays lossless and drafts clearly better than an untrained adapter."""
     assert load_registry().models[MODEL].mask_model == MASK
     loaded = load_model(MASK)
     assert loaded.source.startswith("mask_adapter:") and loaded.tokenizer is target.tokenizer
     path = Path(load_registry().models[MASK].sources[0].path)
-    assert (path / mask.WEIGHTS_FILE).stat().st_size <= 25 * 2**20
+    assert (path / mask.WEIGHTS_FILE).stat().st_size <= 12 * 2**20  # the tree a GPU call carries is 64 MiB
     spec = mask.read_spec(path)
     assert spec.gating == mask.MASK_ONLY and load_registry().models[MASK].mask_token_id == spec.mask_token_id
     ids = run(
