@@ -6,7 +6,11 @@
 # Uses the machine's python3 with a CUDA torch (PYTHON=... for another); installs what is missing
 # from WHEELS=dir (a folder of wheels carried along). Hub downloads are off (HF_HUB_OFFLINE=1, as a
 # lent machine has no network): the Space's default pair needs its weights in the local HF cache
-# (HF_HOME), else that section reports MISSING. Writes to ${OUT:-gpu-check}/:
+# (HF_HOME), else that section reports MISSING. The embedded model's weights cannot travel (the tool
+# carries 64 MiB; its GGUF is 98 MB): STANDIN=dir (a folder made here by `python -m
+# mtp_viz.loading.standin --carry .device` and carried) builds a stand-in of its shapes with random
+# weights there, which the profile and bench sections then time (their acceptance and text mean
+# nothing; a greedy tie may break differently in bf16). Writes to ${OUT:-gpu-check}/:
 #   summary.txt     one line per section: PASS | FAIL | TIMEOUT | MISSING | NOT RUN, seconds, log
 #   env.txt         GPU, driver, torch/transformers versions
 #   tests.log       the gpu-marked tests: greedy identity on CUDA (fp32, bf16; eager, CUDA graphs),
@@ -78,6 +82,11 @@ assert torch.cuda.is_available(), "CUDA is not available"
 print("gpu:", torch.cuda.get_device_name(0), "| torch", torch.__version__, "| cuda", torch.version.cuda,
       "| transformers", transformers.__version__)
 PYEOF
+    if [ -n "${STANDIN:-}" ]; then # the embedded model as a stand-in: timings only (see above)
+        export MTP_VIZ_CACHE="$(cd "$OUT" && pwd)/standin-cache"
+        "$PY" -m mtp_viz.loading.standin --from "$STANDIN" --cache "$MTP_VIZ_CACHE" >>"$OUT/install.log" 2>&1 &&
+            echo "$(basename "$STANDIN"): a stand-in of its shapes with random weights ($MTP_VIZ_CACHE)" >>"$OUT/env.txt"
+    fi
     cat "$OUT/env.txt"
 fi
 
