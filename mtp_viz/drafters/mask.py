@@ -131,9 +131,9 @@ def adapter_parameters(view: PreTrainedModel) -> dict[str, nn.Parameter]:
 
 
 def save_mask_model(view: PreTrainedModel, path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True)
     """In float16 (what ships: half the bytes, and the shipped adapter's held-out scores were the same
     to the last digit as in float32, experiments/mask_adapter_fp16.py); loaded in the base's dtype."""
+    path.mkdir(parents=True, exist_ok=True)
     tensors = {n: t.detach().to("cpu", torch.float16).contiguous() for n, t in get_peft_model_state_dict(view).items()}
     tensors[MASK_VECTOR] = view.get_decoder().embed_tokens.vector.detach().to("cpu", torch.float16)
     save_file(tensors, path / WEIGHTS_FILE)
