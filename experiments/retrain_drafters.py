@@ -3,9 +3,11 @@ the mask-token adapter, each trained further from its shipped weights on one fea
 judged before and after on the same held-out Spec-Bench answers (mtp_viz.training.heldout, which
 every trainer scores at every validation):
 
-    nice .venv/bin/python -m mtp_viz train features --sequences 1200 --out ~/.cache/mtp-viz/features/ablations
-    nice .venv/bin/python experiments/retrain_drafters.py --store ~/.cache/mtp-viz/features/ablations \\
+    nice .venv/bin/python -m mtp_viz train features        # the corpus's store (~3 h on 2 cores)
+    nice .venv/bin/python experiments/retrain_drafters.py --store ~/.cache/mtp-viz/features/smollm2-135m \\
         | tee docs/results/retrained-drafters.log
+
+(a smaller store, `train features --sequences N --out DIR`, does as well for a quicker look).
 
 Each run keeps the shipped drafter's own settings (read from its training.json: the heads' depth,
 the draft's layers, the adapter's k_max, rank and gating) and the trainer's defaults otherwise;

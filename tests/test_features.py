@@ -227,7 +227,7 @@ def test_the_ablation_script_trains_each_variant_once_and_tables_them(corpus, tm
     rows = [line for line in first.splitlines() if line.startswith("| base |") or line.startswith("| norm_before_fc |")]
     assert len(rows) == 2 and all(row.count("|") == len(script.COLUMNS) + 3 for row in rows)
     config = json.loads((runs / "norm_before_fc" / "training.json").read_text())["config"]
-    assert config["norm_before_fc"] is True and config["loop"]["schedule"] == "wsd"
+    assert config["norm_before_fc"] is True and config["loop"]["schedule"] == "wsd" and config["ttt_steps"] == 3
     script.main()  # both finished: nothing trained again, the same table
     again = capsys.readouterr().out
     assert "== " not in again and [r for r in again.splitlines() if r.startswith("| base |")] == rows[:1]
