@@ -162,6 +162,10 @@ BAD = {
         ],
         "unknown heads",
     ),
+    "bench with an unknown EAGLE-3 drafter": (
+        ["bench", "--categories", "qa", "--limit", "1", "--strategies", "eagle", "--eagle3", "nope", "--out", "/tmp/b"],
+        "unknown EAGLE-3 drafter",
+    ),
     "bench with a malformed tree": (
         ["bench", "--categories", "qa", "--limit", "1", "--strategies", "mtp_heads:tree=0,a", "--out", "/tmp/b"],
         "tree",

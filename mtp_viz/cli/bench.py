@@ -43,6 +43,7 @@ def add(sub) -> None:
     p.add_argument("--model")
     p.add_argument("--draft")
     p.add_argument("--heads", help="MTP heads: registry id or directory (default: the model's first registered)")
+    p.add_argument("--eagle3", help="EAGLE-3 drafter (eagle): registry id or directory (default: the model's first)")
     p.add_argument("--num-draft-tokens", type=int)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--device", default="auto")
@@ -96,7 +97,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     prompts = load_suite(args.suite, categories, args.limit)
     strategies = split_variants(args.strategies)
     base = RunRequest(
-        **given(args, "model", "draft", "heads", "device", "dtype", "compile", "weights"),
+        **given(args, "model", "draft", "heads", "eagle3", "device", "dtype", "compile", "weights"),
         generation=GenerationSettings(max_new_tokens=args.max_new_tokens),
     )
 
