@@ -26,7 +26,7 @@ from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.training.data import DataConfig, pre_query_ids
 from mtp_viz.training.eagle import EagleTrainConfig, agreement, build_drafter, sequence_examples
-from mtp_viz.training.heldout import spec_bench_heldout
+from mtp_viz.training.heldout import spec_bench_heldout, spec_bench_prompts
 from mtp_viz.training.prompts import instruction_prompts, math_prompts
 from mtp_viz.weights import AUTO, FP32
 
@@ -141,11 +141,16 @@ def test_shipped_mask_adapter_loads_through_the_registry_and_beats_an_untrained_
     assert trained > 1.2 and trained > untrained + 0.15, (trained, untrained)
 
 
-def test_shipped_eagle3_drafter_loads_and_beats_an_untrained_one(target, prompt_ids):
-    """Its data took the first 500 template prompts and 100 word problems: PROMPT was not among them.
-    Measured on it (48 greedy tokens, fp32): a chain of 3 keeps 2.53 tokens per target forward, an
-    untrained drafter of the same shapes 1.0."""
-    assert PROMPT not in instruction_prompts(500) and PROMPT not in math_prompts(100)
+def test_shipped_eagle3_drafter_loads_and_beats_an_untrained_one(target):
+    """It was trained further on the corpus, which holds PROMPT, so it is judged on a Spec-Bench
+    prompt instead (the corpus drops every prompt that overlaps Spec-Bench; this one, the 4th math
+    question, is not in the held-out set either). Measured on it (48 greedy tokens): a chain of 3
+    keeps 1.66 tokens per target forward (the drafter shipped before, 1.60), an untrained drafter
+    of the same shapes about 1.0."""
+    question = [q for q in spec_bench() if q["category"] == "math"][3]["turns"][0]
+    assert question not in spec_bench_prompts()
+    prompt_ids = run(RunRequest(prompt=question, model=MODEL, generation=GenerationSettings(max_new_tokens=1)))
+    prompt_ids = prompt_ids.prompt_token_ids
     assert load_registry().models[MODEL].eagle3[0] == EAGLE3
     name, drafter = load_eagle3_for(target)
     assert name == EAGLE3 and drafter.config.aux_layer_ids == (2, 15, 27)
@@ -154,7 +159,7 @@ def test_shipped_eagle3_drafter_loads_and_beats_an_untrained_one(target, prompt_
     vocab = drafter.to_target_ids(torch.arange(drafter.config.draft_vocab_size))
     fresh = build_drafter(target.model, drafter.config.aux_layer_ids, vocab).eval()
     _, untrained = acceptance(target, prompt_ids, "eagle", eagle3=fresh, depth=3)
-    assert trained > 1.8 and trained > untrained + 0.5, (trained, untrained)  # tokens per target forward
+    assert trained > 1.4 and trained > untrained + 0.3, (trained, untrained)  # tokens per target forward
 
 
 @pytest.mark.parametrize("weights", [FP32, AUTO])
@@ -181,9 +186,10 @@ def test_eagle_with_the_shipped_drafter_is_autoregressive_decoding(weights):
 def test_shipped_eagle3_drafter_holds_its_floor_on_the_heldout_spec_bench_answers(target):
     """Training-style agreement (teacher-forced, answer positions, a token outside the draft
     vocabulary a miss) on the fixed held-out set every drafter is judged on: the target's answers
-    to 3 Spec-Bench prompts a category, 96 tokens (mtp_viz.training.heldout). Measured for the
-    shipped drafter: step 1 / 2 / 3 0.293 / 0.238 / 0.223, 1.42 tokens per forward for a chain of
-    3 (docs/training.md); a drafter that ships must not fall below the floors (raise them with it)."""
+    to 3 Spec-Bench prompts a category, 96 tokens (mtp_viz.training.heldout). Measured: step 1 / 2 /
+    3 0.293 / 0.238 / 0.223 and 1.42 tokens per forward for a chain of 3 for the first drafter
+    shipped; 0.316 / 0.264 / 0.237 and 1.46 for the one trained further on the corpus
+    (docs/training.md); a drafter that ships must not fall below the floors (raise them with it)."""
     _, drafter = load_eagle3_for(target)
     seqs = spec_bench_heldout(target)
     assert len(seqs) == 3 * len({q["category"] for q in spec_bench()})
@@ -191,5 +197,5 @@ def test_shipped_eagle3_drafter_holds_its_floor_on_the_heldout_spec_bench_answer
     exs = sequence_examples(target.model, seqs, drafter.config.aux_layer_ids, drafter.to_draft_index(), cfg)
     got = agreement(drafter, exs, 3)
     print(got)
-    assert got["val_top1_step1"] >= 0.26 and got["val_top1_step3"] >= 0.19, got
-    assert got["val_mean_accepted_tokens"] >= 1.35, got
+    assert got["val_top1_step1"] >= 0.29 and got["val_top1_step3"] >= 0.21, got
+    assert got["val_mean_accepted_tokens"] >= 1.40, got
