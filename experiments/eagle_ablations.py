@@ -10,11 +10,12 @@ for the same optimizer steps, seed and schedule (wsd: it decays at the end, so t
 is the variant's best guess at its asymptote rather than a point on a plateau), changing one thing
 against `base` (vLLM's default layers 2/15/27, cross entropy only, the head learning from the start,
 the draft vocabulary from every token, the training-time test unrolled 3 steps as the corpus run
-does: 5 cost 1.7x a step, 16 s against 9.5 s on 2 cores). The runs go to `--runs` (default the cache's runs/ablations)
-and a finished one is not run again, so the script resumes: a stopped one goes on from its last
-checkpoint (`--resume`); a table of the last validation of each (the corpus's validation side and
-the Spec-Bench held-out answers, per draft step, and the tokens a chain of its 5 steps yields per
-target forward) ends the log.
+does: 5 cost 1.7x a step, 16 s against 9.5 s on 2 cores). The runs go to `--runs` (default the
+cache's runs/ablations) and a finished one is not run again, so the script resumes: a stopped one
+goes on from its last checkpoint (`--resume`); a table of the last validation of each (the
+corpus's validation side and the Spec-Bench held-out answers, per draft step, and the tokens a
+chain of the steps it unrolled yields per target forward: 3, and 5 for `ttt_5`, whose figure there
+is not comparable) ends the log.
 """
 
 import argparse

@@ -43,9 +43,14 @@ def target():
     return load_model(MODEL)
 
 
+def ids_of(prompt: str) -> list[int]:
+    """The prompt's token ids as a run of the embedded model sees them (its chat template)."""
+    return run(RunRequest(prompt=prompt, model=MODEL, generation=GenerationSettings(max_new_tokens=1))).prompt_token_ids
+
+
 @pytest.fixture(scope="module")
 def prompt_ids(target):
-    return run(RunRequest(prompt=PROMPT, model=MODEL, generation=GenerationSettings(max_new_tokens=1))).prompt_token_ids
+    return ids_of(PROMPT)
 
 
 def acceptance(target, prompt_ids, strategy, **kw):
@@ -149,8 +154,7 @@ def test_shipped_eagle3_drafter_loads_and_beats_an_untrained_one(target):
     of the same shapes about 1.0."""
     question = [q for q in spec_bench() if q["category"] == "math"][3]["turns"][0]
     assert question not in spec_bench_prompts()
-    prompt_ids = run(RunRequest(prompt=question, model=MODEL, generation=GenerationSettings(max_new_tokens=1)))
-    prompt_ids = prompt_ids.prompt_token_ids
+    prompt_ids = ids_of(question)
     assert load_registry().models[MODEL].eagle3[0] == EAGLE3
     name, drafter = load_eagle3_for(target)
     assert name == EAGLE3 and drafter.config.aux_layer_ids == (2, 15, 27)
