@@ -174,6 +174,9 @@ def test_heads_read_the_store_in_place_as_they_read_copied_sequences(corpus, tmp
     assert json.loads((out / "training.json").read_text())["train_positions"] == len(
         heads.store_positions(store, index, 3)[0].record
     )
+    budget = ["--epochs", "3", "--steps", "2", "--out", str(tmp_path / "b")]  # --steps caps the epochs' 3 steps
+    assert main(["train", "heads", "--model", "tiny", "--data", str(tmp_path / "f"), *budget]) == 0
+    assert json.loads((tmp_path / "b" / "training.json").read_text())["history"][-1]["step"] == 2
 
 
 def test_eagle_examples_read_the_layers_asked_of_a_store_that_holds_more(corpus, tmp_path):
@@ -244,6 +247,7 @@ def test_the_retraining_script_trains_each_drafter_from_the_store_and_tables_bef
     assert main(["train", "features", "--model", "tiny", "--data", str(corpus), "--out", str(store)]) == 0
     path, script = experiment("retrain_drafters")
     argv = [str(path), "--store", str(store), "--model", "tiny", "--runs", str(runs), "--fresh", "--mtp-steps", "2"]
+    argv += ["--heads-steps", "1", "--draft-steps", "1"]  # a budget each (the draft's 2 epochs are 2 steps here)
     monkeypatch.setattr(sys, "argv", argv)
     capsys.readouterr()
     script.main()
@@ -253,6 +257,9 @@ def test_the_retraining_script_trains_each_drafter_from_the_store_and_tables_bef
     decided = {line.split(" | ")[0][2:] for line in rows if line.endswith("| after |") or line.endswith("| before |")}
     assert decided == {"heads", "draft", "mtp"}  # each drafter's deciding figure, held out
     assert any(line.startswith("| heads | top1_depth1 |") for line in rows)
+    for kind, steps in (("heads", 1), ("draft", 1), ("mtp", 2)):
+        report = json.loads((runs / kind / "training.json").read_text())
+        assert report["config"]["loop"]["max_steps"] == steps and report["history"][-1]["step"] == steps, kind
     script.main()  # all finished: nothing trained again
     assert "== " not in capsys.readouterr().out
     shipped = script.KINDS["mtp"][0]

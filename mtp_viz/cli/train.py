@@ -47,7 +47,7 @@ TUNING = {
     "--k-max": "mtp: most predictions per forward trained (1 + masks)",
     "--rank": "mtp: LoRA rank",
     "--gating": "mtp: adapter at mask positions only (mask_only) or everywhere",
-    "--steps": "mtp, eagle: optimizer steps (the training budget; eagle: at most, within --epochs)",
+    "--steps": "optimizer steps (the training budget; draft, heads, eagle: at most, within --epochs)",
     "--epochs": None,
     "--lr": None,
     "--schedule": "learning rate after warm-up: cosine (to zero at the run's end), constant, or wsd "
@@ -102,12 +102,15 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.what == "features":
         return cmd_features(args)
     loop = given(args, "epochs", "lr", "schedule")
+    budget = given(args, max_steps="steps")
+    if budget.get("max_steps", 1) < 1:
+        raise UserError(f"the training budget must be at least one step, got --steps {budget['max_steps']}")
     if loop.get("schedule", SCHEDULES[0]) not in SCHEDULES:
         raise UserError(f"--schedule {loop['schedule']}: one of {', '.join(SCHEDULES)}")
     if args.what != "data" and args.out is None:
         raise UserError(f"train {args.what} needs --out DIR")
     if args.what == "mtp":  # settings checked before anything loads
-        mask_loop = replace(MaskTrainConfig().loop, seed=args.seed, **loop, **given(args, max_steps="steps"))
+        mask_loop = replace(MaskTrainConfig().loop, seed=args.seed, **loop, **budget)
         named = given(args, "k_max", "rank", "gating", heldout_per_category="heldout")
         mask_cfg = MaskTrainConfig(**named, loop=mask_loop)
     if args.what == "eagle":
@@ -115,7 +118,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         named |= given(args, "prompt_weight", heldout_per_category="heldout", regression_weight="regression")
         named |= {"norm_before_fc": True} if args.norm_before_fc else {}
         eagle_cfg = EagleTrainConfig(**named, aux_layers=aux_layers(args))
-        eagle_loop = replace(eagle_cfg.loop, seed=args.seed, **loop, **given(args, max_steps="steps"))
+        eagle_loop = replace(eagle_cfg.loop, seed=args.seed, **loop, **budget)
         eagle_cfg = replace(eagle_cfg, loop=eagle_loop)
     name = model_name(args.model, args.device)
     target = load_model(name, args.device, "float32")
@@ -141,10 +144,10 @@ def cmd_train(args: argparse.Namespace) -> None:
     job = TrainJob(target, data, args.out, runs, resume=args.resume, start_from=args.start_from)
     if args.what == "draft":
         cfg = DraftTrainConfig(**given(args, "layers", reduced_vocab="vocab", heldout_per_category="heldout"))
-        report = train_draft(job, replace(cfg, loop=replace(cfg.loop, seed=args.seed, **loop)))
+        report = train_draft(job, replace(cfg, loop=replace(cfg.loop, seed=args.seed, **loop, **budget)))
     elif args.what == "heads":
         cfg = HeadsTrainConfig(**given(args, "depth", reduced_vocab="vocab", heldout_per_category="heldout"))
-        report = train_heads(job, replace(cfg, loop=replace(cfg.loop, seed=args.seed, **loop)))
+        report = train_heads(job, replace(cfg, loop=replace(cfg.loop, seed=args.seed, **loop, **budget)))
     elif args.what == "eagle":
         report = train_eagle(job, eagle_cfg)
     else:
