@@ -8,8 +8,8 @@ every trainer scores at every validation):
         --heads-steps 1200 --draft-steps 1200 --mtp-steps 200 | tee docs/results/retrained-drafters.log
 
 (a smaller store, `train features --sequences N --out DIR`, does as well for a quicker look). The
-budgets matter on 2 cores: one epoch of the corpus's store is ~5,700 steps of the heads' trainer at
-~1.4 s each (2.2 h); each trainer's cosine schedule decays within the budget it is given.
+budgets matter on 2 cores: one epoch of the corpus's store (1.71 M answer positions) is ~3,350
+steps of the heads' trainer at ~1.3 s each (1.2 h); each cosine schedule decays within its budget.
 
 Each run keeps the shipped drafter's own settings (read from its training.json: the heads' depth,
 the draft's layers, the adapter's k_max, rank and gating) and the trainer's defaults otherwise;
