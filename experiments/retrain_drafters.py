@@ -5,7 +5,7 @@ every trainer scores at every validation):
 
     nice .venv/bin/python -m mtp_viz train features        # the corpus's store (~3 h on 2 cores)
     nice .venv/bin/python experiments/retrain_drafters.py --store ~/.cache/mtp-viz/features/smollm2-135m \\
-        --heads-steps 1200 --draft-steps 1200 --mtp-steps 200 | tee docs/results/retrained-drafters.log
+        --heads-steps 1200 --draft-steps 300 --mtp-steps 200 | tee docs/results/retrained-drafters.log
 
 (a smaller store, `train features --sequences N --out DIR`, does as well for a quicker look). The
 budgets matter on 2 cores: one epoch of the corpus's store (1.71 M answer positions) is ~3,350
