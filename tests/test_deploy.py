@@ -405,3 +405,15 @@ def test_a_serving_sweep_without_its_thread_count_names_no_threads(tmp_path):
     fig, _, _, caption = serving_views(tmp_path / "sweep", profile_path)
     assert "Serving CPU, vLLM 9.9" in fig.layout.title.text and "Engine CPU, vLLM 9.9 steps" in caption
     assert "threads" not in fig.layout.title.text + caption
+
+
+def test_the_deploy_tab_opens_the_results_the_benchmark_tab_opens():
+    """The shipped run with every drafter the model ships (FIRST_RESULTS), then the others that
+    have the per-forward figures the load curve needs, then those without."""
+    from mtp_viz.ui.deploy_tab import deploy_results
+    from mtp_viz.ui.results import FIRST_RESULTS, example_results
+
+    opened = list(deploy_results())
+    assert opened[0] == FIRST_RESULTS and sorted(opened) == sorted(example_results())
+    has = ["scored_per_forward" in example_results()[name].read_text().split("\n", 1)[0] for name in opened]
+    assert has[0] and has == sorted(has, reverse=True), list(zip(opened, has, strict=True))
