@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from mtp_viz.drafters.kinds import DrafterKind
 from mtp_viz.errors import UnknownModelError
 
 REGISTRY_ENV = "MTP_VIZ_MODELS"  # path of another models.yaml (tests point it at tiny models)
@@ -36,6 +37,14 @@ class ModelEntry:
     mask_token_id: int | None = None  # mask-token MTP models (ConfAdapt): the id of their mask token
     mask_model: str | None = None  # this model's mask-token MTP model (a registry id), for mask strategies
     eagle3: tuple[str, ...] = ()  # EAGLE-3 drafters for this model, best first
+
+    def drafters(self, kind: DrafterKind) -> tuple[str, ...]:
+        """The registered drafters of one kind, best first (masks: the mask-token model, or this
+        model itself where it has a mask token)."""
+        if kind == DrafterKind.MASKS:
+            return (self.mask_model or self.id,) if self.mask_model or self.mask_token_id is not None else ()
+        by_kind = {DrafterKind.DRAFT_MODEL: self.drafts, DrafterKind.HEADS: self.heads, DrafterKind.EAGLE3: self.eagle3}
+        return by_kind[kind]
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,14 @@ EXAMPLES = {
     "eagle-code-edit": RunRequest(
         prompt=CODE_EDIT_PROMPT, strategy="eagle", generation=GenerationSettings(max_new_tokens=96)
     ),
+    # a general prompt (Spec-Bench's first math-reasoning question): where the trained heads won most
+    # on Spec-Bench on a CPU (docs/BENCHMARKS.md, 2026-12-07); Explore opens on it (ui.first_look)
+    "autoregressive-math-reasoning": RunRequest(
+        prompt=spec_bench_prompt(401), generation=GenerationSettings(max_new_tokens=128)
+    ),
+    "mtp-heads-math-reasoning": RunRequest(
+        prompt=spec_bench_prompt(401), strategy="mtp_heads", generation=GenerationSettings(max_new_tokens=128)
+    ),
     "speculative-early-exit-sampling": RunRequest(
         prompt=spec_bench_prompt(121),
         strategy="speculative",

@@ -16,9 +16,12 @@ from app_registry import SHIPPED_MODEL, registry_with_shipped_model
 from optional import require
 
 from mtp_viz.loading import pipeline
+from mtp_viz.machine import machine_label
 from mtp_viz.paths import CACHE_ENV
 from mtp_viz.registry import REGISTRY_ENV
 from mtp_viz.ui.deploy_tab import price_results
+from mtp_viz.ui.first_look import FIRST_LOOK, open_example
+from mtp_viz.ui.results import example_traces
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
@@ -134,11 +137,12 @@ def test_the_first_look_shows_its_speedup_and_its_own_settings(app, browser):
     page, _ = open_first_look(browser, app)
     summary = page.locator("#mv-summary").inner_text()
     assert re.search(r"speedup vs autoregressive\s*\d+\.\d\dx", summary), summary
+    example = open_example(FIRST_LOOK, example_traces()).trace
     note = page.locator("#mv-first-look").inner_text()
-    assert "recorded beside it on the same machine (AMD EPYC" in note, note  # the example's machine record
-    assert page.locator("#mv-strategy input").input_value() == "prompt_lookup"
-    assert page.get_by_text("Shortest n-gram").is_visible()  # prompt lookup's own settings, shown
-    assert "Rename the function `mean`" in page.locator("#mv-prompt textarea").input_value()
+    assert f"recorded beside it on the same machine ({machine_label(example.machine)}" in note, note
+    assert page.locator("#mv-strategy input").input_value() == example.strategy == "mtp_heads"
+    assert page.get_by_text("Chain length (tree = chain)").is_visible()  # the heads' own settings, shown
+    assert page.locator("#mv-prompt textarea").input_value() == example.prompt_text
     page.screenshot(path=str(ARTIFACTS / "first-look-tabs.png"), full_page=True)
 
 

@@ -8,6 +8,7 @@ The prompt comes from the training prompts' generator but was not among the trai
 1.0). The thresholds sit well below those values; docs/training.md has the held-out Spec-Bench figures."""
 
 import json
+import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from mtp_viz.registry import load_registry
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.training.data import DataConfig, pre_query_ids
+from mtp_viz.training.draft import DraftTrainConfig, batches_of, collate
+from mtp_viz.training.draft import agreement as draft_agreement
 from mtp_viz.training.eagle import EagleTrainConfig, agreement, build_drafter, sequence_examples
 from mtp_viz.training.heads import agreement as heads_agreement
 from mtp_viz.training.heads import positions as heads_positions
@@ -52,11 +55,6 @@ def ids_of(prompt: str) -> list[int]:
     return run(RunRequest(prompt=prompt, model=MODEL, generation=GenerationSettings(max_new_tokens=1))).prompt_token_ids
 
 
-@pytest.fixture(scope="module")
-def prompt_ids(target):
-    return ids_of(PROMPT)
-
-
 def acceptance(target, prompt_ids, strategy, **kw):
     _, steps = decode(target.model, strategy, prompt_ids, GenerationSettings(max_new_tokens=TOKENS), **kw)
     drafted = sum(len(s.drafted) for s in steps)
@@ -81,7 +79,9 @@ def test_registry_names_the_trained_drafters():
     assert entry.drafts[0] == DRAFT and entry.heads[0] == HEADS
 
 
-def test_shipped_draft_loads_and_beats_an_untrained_one(target, prompt_ids):
+def test_shipped_draft_loads_and_beats_an_untrained_one(target, unseen_ids):
+    """Trained further on the corpus, which holds PROMPT, so judged on unseen_ids."""
+    prompt_ids = unseen_ids
     draft = load_model(DRAFT)
     assert draft.source.startswith("trained_draft:")
     spec = read_spec(Path(load_registry().models[DRAFT].sources[0].path))
@@ -245,3 +245,16 @@ def test_shipped_mask_adapter_holds_its_floor_on_the_heldout_spec_bench_answers(
     with stock_linears(view), torch.no_grad():
         got = validate(view, packs, view.mtp_mask_spec.mask_token_id, view.mtp_mask_spec.gating == mask.MASK_ONLY)
     assert got["val_top1_mask1"] >= 0.41 and got["val_tokens_per_forward"] >= 1.59, got
+
+
+def test_shipped_draft_holds_its_floor_on_the_heldout_spec_bench_answers(target):
+    """Top-1 agreement with the target's greedy choice at answer positions (teacher-forced, as its
+    trainer validates) on the same held-out set as the other drafters' floors. Measured: 0.269 for
+    the draft shipped first, 0.272 for the one trained further on the corpus (docs/training.md). A
+    shipped draft must not fall below the floor (raise it with a better one)."""
+    draft = load_model(DRAFT).model.eval()
+    rows = batches_of(spec_bench_heldout(target), DraftTrainConfig().tokens_per_batch, random.Random(0))
+    index = draft.lm_head.index.cpu()
+    with torch.no_grad():
+        got = draft_agreement(draft, [collate(group, index, 1.0) for group in rows])
+    assert got["val_agreement"] >= 0.27, got

@@ -51,8 +51,12 @@ def test_theory_numbers_and_curves():
     assert "<b>4.33</b>" in html and "<b>3.09x</b>" in html and "best γ = 8" in html  # Leviathan's worked values
     points = points_from([str(p) for p in example_traces().values()])
     fig = figures.theory_curves(0.8, 0.05, [(shipped.label, curve)], points)
-    assert len(fig.data) == 4  # textbook, measured cost, the two recorded runs that drafted
-    assert sorted(d.name for d in fig.data[2:]) == ["eagle (smollm2-135m-eagle3)", "prompt_lookup"]
+    assert len(fig.data) == 5  # textbook, measured cost, the three recorded runs that drafted
+    assert sorted(d.name for d in fig.data[2:]) == [
+        "eagle (smollm2-135m-eagle3)",
+        "mtp_heads (smollm2-135m-mtp)",
+        "prompt_lookup",
+    ]
     mine = {k: v * 1.1 for k, v in curve.items()}
     two = figures.theory_curves(0.8, 0.05, [("here", mine), (shipped.label, curve)], points)
     assert [d.name for d in two.data[1:3]] == ["measured verify cost: here", f"measured verify cost: {shipped.label}"]

@@ -345,7 +345,7 @@ def test_deploy_costs_come_from_the_loaded_models(use_tiny_registry):
 def test_the_first_look_has_the_speedup_over_the_autoregressive_run_recorded_beside_it():
     """Explore's recorded example is paired with the autoregressive run of the same prompt and
     settings recorded on the same machine in the same session; a run from elsewhere never is."""
-    from mtp_viz.machine import machine_label
+    from mtp_viz.machine import machine_label, same_machine
     from mtp_viz.ui.first_look import FIRST_LOOK, note_html, open_example, recorded_baseline, recorded_speed
     from mtp_viz.ui.results import example_traces
     from mtp_viz.viz.tables import summary_html
@@ -353,7 +353,9 @@ def test_the_first_look_has_the_speedup_over_the_autoregressive_run_recorded_bes
     examples = example_traces()
     look = open_example(FIRST_LOOK, examples)
     assert look.baseline is not None and look.baseline.strategy == "autoregressive"
-    assert look.baseline.prompt_token_ids == look.trace.prompt_token_ids and look.baseline.machine == look.trace.machine
+    assert look.baseline.prompt_token_ids == look.trace.prompt_token_ids and same_machine(
+        look.baseline.machine, look.trace.machine
+    )
     speedup = look.trace.summary["tokens_per_s"] / look.baseline.summary["tokens_per_s"]
     shown = summary_html(look.trace, recorded_speed(look).get(baseline_key(look.trace)))
     assert f"speedup vs autoregressive</div><div style='font-size:20px;font-weight:600'>{speedup:.2f}x" in shown
@@ -364,21 +366,22 @@ def test_the_first_look_has_the_speedup_over_the_autoregressive_run_recorded_bes
     assert recorded_baseline(longer, examples) is None
 
 
-def test_explore_starts_from_the_first_looks_own_strategy_settings_and_prompt(use_tiny_registry):
-    """The controls hold what the example ran (its model too, where registered), so Run repeats it."""
+def test_explore_starts_from_the_first_looks_own_strategy_settings_and_prompt(monkeypatch):
+    """The controls hold what the example ran (its model and drafter registered), so Run repeats it."""
     import gradio as gr
 
-    from mtp_viz.registry import load_registry
+    from mtp_viz.registry import REGISTRY_ENV, load_registry
     from mtp_viz.strategies import STRATEGIES
     from mtp_viz.ui.controls import build_controls
-    from mtp_viz.ui.explore import DEFAULT_PROMPT, starting_values
+    from mtp_viz.ui.explore import starting_values
     from mtp_viz.ui.first_look import FIRST_LOOK, open_example
     from mtp_viz.ui.results import example_traces
 
+    monkeypatch.delenv(REGISTRY_ENV, raising=False)  # the shipped models.yaml: the example's model and heads
     trace = open_example(FIRST_LOOK, example_traces()).trace
-    start = starting_values(load_registry(), "tiny", trace)
-    assert start["strategy"] == trace.strategy == "prompt_lookup" and start["prompt"] == trace.prompt_text
-    assert start["model"] == "tiny" and start["draft"] == "tiny-draft"  # its model is not registered here
+    start = starting_values(load_registry(), "smollm2-135m", trace)
+    assert start["strategy"] == trace.strategy == "mtp_heads" and start["prompt"] == trace.prompt_text
+    assert start["model"] == trace.model
     generation = {k: start[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")}
     request = build_request(
         start["prompt"],
@@ -391,15 +394,35 @@ def test_explore_starts_from_the_first_looks_own_strategy_settings_and_prompt(us
         **generation,
     )
     assert request.strategy_settings == {k: trace.settings[k] for k in request.strategy_settings}
-    assert set(request.strategy_settings) == {"num_draft_tokens", "max_ngram_size", "min_ngram_size"}
+    owned = {f.name for f in fields(STRATEGIES["mtp_heads"].settings_cls)}
+    assert set(request.strategy_settings) == owned and {"tree", "num_guesses"} <= owned
     assert {k: getattr(request.generation, k) for k in generation} == {k: trace.settings[k] for k in generation}
     assert request.weights == trace.settings["weights"]
     with gr.Blocks():
         made = build_controls(start["strategy"], start["settings"])
-    owned = {f.name for f in fields(STRATEGIES["prompt_lookup"].settings_cls)}
     assert {name for name, control in made.items() if control.visible} == owned
     assert all(made[name].value == trace.settings[name] for name in owned)
-    assert starting_values(load_registry(), "tiny", None)["prompt"] == DEFAULT_PROMPT  # no example: the defaults
+
+
+def test_explore_starts_from_a_strategy_the_model_can_run(use_tiny_registry):
+    """Where the example's model is not registered (or lacks its drafter), the controls keep its
+    prompt and generation settings but start on what the model here can draft with."""
+    from mtp_viz.registry import load_registry
+    from mtp_viz.ui.explore import DEFAULT_PROMPT, default_strategy, runs_here, starting_values
+    from mtp_viz.ui.first_look import FIRST_LOOK, open_example
+    from mtp_viz.ui.results import example_traces
+
+    registry = load_registry()
+    trace = open_example(FIRST_LOOK, example_traces()).trace
+    assert not registry.models["tiny"].heads and registry.models["tiny"].drafts
+    start = starting_values(registry, "tiny", trace)
+    assert start["model"] == "tiny" and start["strategy"] == default_strategy(registry, "tiny") == "speculative"
+    assert start["settings"] == {} and start["draft"] == "tiny-draft" and start["prompt"] == trace.prompt_text
+    assert start["max_new_tokens"] == trace.settings["max_new_tokens"]
+    assert runs_here(registry, "tiny", "prompt_lookup", {}) and runs_here(registry, "tiny", "speculative", {})
+    assert not runs_here(registry, "tiny", "mtp_heads", {}) and not runs_here(registry, "tiny", "eagle", {})
+    assert not runs_here(registry, "unregistered", "mtp_heads", {})
+    assert starting_values(registry, "tiny", None)["prompt"] == DEFAULT_PROMPT  # no example: the defaults
 
 
 def test_downloads_are_written_once_per_content_into_one_folder_removed_at_exit():

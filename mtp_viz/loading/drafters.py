@@ -63,11 +63,11 @@ def registered(model: str, kinds: tuple[DrafterKind, ...]) -> tuple[str, str | N
     load_drafting picks them with nothing named, without loading anything."""
     entry = load_registry().get(model)
     for kind in kinds:
+        found = entry.drafters(kind)
         if kind == DrafterKind.MASKS:
-            if entry.mask_token_id is not None or entry.mask_model:
+            if found:
                 return entry.mask_model or model, None
             continue
-        found = {DrafterKind.DRAFT_MODEL: entry.drafts, DrafterKind.HEADS: entry.heads}.get(kind, entry.eagle3)
         return model, found[0] if found else None
     return model, None
 

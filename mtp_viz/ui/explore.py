@@ -70,8 +70,26 @@ def starting_values(registry: Registry, default_model: str, first: Trace | None)
     values = dict(model=default_model, strategy=default_strategy(registry, default_model), settings={})
     values |= dict(prompt=DEFAULT_PROMPT, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0)
     values |= dict(raw=False, weights=AUTO) | (control_values(first, registry) if first else {})
+    if not runs_here(registry, values["model"], values["strategy"], values["settings"]):
+        # the example's strategy drafts with what this registry's model lacks (its model is not
+        # registered here, or registered without that drafter): its prompt and generation stay
+        values |= dict(strategy=default_strategy(registry, values["model"]), settings={})
     values.setdefault("draft", (registry.models[values["model"]].drafts or ("",))[0])  # the model's first
     return values
+
+
+def runs_here(registry: Registry, model: str, strategy: str, settings: dict) -> bool:
+    """Whether `model` has a drafter `strategy` drafts with (with these settings; a draft model
+    can be any registered model, so a strategy that takes one always can)."""
+    info = STRATEGIES[strategy]
+    if info.needs_draft or not info.drafter:
+        return True
+    try:
+        kinds = info.drafters(info.settings_cls(**settings))
+    except (TypeError, ValueError):  # settings it does not take: its defaults'
+        kinds = info.drafters(info.settings_cls())
+    entry = registry.models.get(model)
+    return entry is not None and any(entry.drafters(kind) for kind in kinds)
 
 
 def render(trace: Trace, baselines: dict[str, float]):

@@ -13,7 +13,10 @@ from mtp_viz.strategies import STRATEGIES
 from mtp_viz.trace import Trace
 from mtp_viz.ui.baselines import baseline_key
 
-FIRST_LOOK = "prompt-lookup-code-edit"  # the recorded example Explore opens on
+# the recorded example Explore opens on: the run that wins most on a general (non-repetitive)
+# prompt, the MTP heads on a math-reasoning question (docs/BENCHMARKS.md, 2026-12-07); prompt
+# lookup on a code edit, the repetitive case, is beside it in the examples
+FIRST_LOOK = "mtp-heads-math-reasoning"
 GENERATION = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "raw", "weights")  # controls a trace fixes
 
 
