@@ -8,7 +8,6 @@ every trainer validates on and which chose the shipped draft) and on prompts 4-6
 (answered once and cached; nothing was chosen on them).
 """
 
-import random
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch
 from mtp_viz.drafters.draft import load_draft
 from mtp_viz.loading import load_model
 from mtp_viz.prompts import spec_bench
-from mtp_viz.training.draft import DraftTrainConfig, agreement, batches_of, collate
+from mtp_viz.training.draft import DraftTrainConfig, agreement, scored_batches
 from mtp_viz.training.heldout import spec_bench_heldout
 
 
@@ -36,9 +35,9 @@ def main() -> None:
     for name, draft in drafts.items():
         index = draft.eval().lm_head.index.cpu()
         for label, answers in sets.items():
-            rows = batches_of(answers, DraftTrainConfig().tokens_per_batch, random.Random(0))
+            batches = scored_batches(answers, index, DraftTrainConfig().tokens_per_batch)
             with torch.no_grad():
-                got = agreement(draft, [collate(group, index, 1.0) for group in rows])["val_agreement"]
+                got = agreement(draft, batches)["val_agreement"]
             print(f"{name} | {label} | {got:.4f}", flush=True)
 
 

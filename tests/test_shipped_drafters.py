@@ -8,7 +8,6 @@ The prompt comes from the training prompts' generator but was not among the trai
 1.0). The thresholds sit well below those values; docs/training.md has the held-out Spec-Bench figures."""
 
 import json
-import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from mtp_viz.registry import load_registry
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.training.data import DataConfig, pre_query_ids
-from mtp_viz.training.draft import DraftTrainConfig, batches_of, collate
+from mtp_viz.training.draft import DraftTrainConfig, scored_batches
 from mtp_viz.training.draft import agreement as draft_agreement
 from mtp_viz.training.eagle import EagleTrainConfig, agreement, build_drafter, sequence_examples
 from mtp_viz.training.heads import agreement as heads_agreement
@@ -253,8 +252,7 @@ def test_shipped_draft_holds_its_floor_on_the_heldout_spec_bench_answers(target)
     the draft shipped first, 0.272 for the one trained further on the corpus (docs/training.md). A
     shipped draft must not fall below the floor (raise it with a better one)."""
     draft = load_model(DRAFT).model.eval()
-    rows = batches_of(spec_bench_heldout(target), DraftTrainConfig().tokens_per_batch, random.Random(0))
-    index = draft.lm_head.index.cpu()
+    batches = scored_batches(spec_bench_heldout(target), draft.lm_head.index.cpu(), DraftTrainConfig().tokens_per_batch)
     with torch.no_grad():
-        got = draft_agreement(draft, [collate(group, index, 1.0) for group in rows])
+        got = draft_agreement(draft, batches)
     assert got["val_agreement"] >= 0.27, got

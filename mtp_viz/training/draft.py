@@ -113,6 +113,12 @@ def losses(draft, batch: Batch, soft_weight: float) -> tuple[torch.Tensor, dict[
 
 
 @torch.no_grad()
+def scored_batches(seqs: list[Sequence], index: torch.Tensor, tokens_per_batch: int) -> list[Batch]:
+    """Validation batches of `seqs` (every answer position counted, grouped the same way every
+    time), for `agreement`: what the trainer validates on, and what a check of a saved draft reads."""
+    return [collate(g, index, 1.0) for g in batches_of(seqs, tokens_per_batch, random.Random(0))]
+
+
 def agreement(draft, batches: list[Batch]) -> dict[str, float]:
     """Top-1 agreement with the target's argmax at answer positions (teacher forcing)."""
     hits = total = 0
@@ -148,13 +154,11 @@ def train_draft(job: TrainJob, cfg: DraftTrainConfig) -> dict:
     for p in params.values():
         p.requires_grad_(True)
 
-    def scored(seqs: list[Sequence]) -> list[Batch]:
-        return [collate(g, index, 1.0) for g in batches_of(seqs, cfg.tokens_per_batch, random.Random(0))]
-
-    val_batches = scored(val_seqs)
+    val_batches = scored_batches(val_seqs, index, cfg.tokens_per_batch)
     heldout = []
     if cfg.heldout_per_category:  # the Spec-Bench answers, scored as the validation side is
-        heldout = scored(spec_bench_heldout(job.target, cfg.heldout_per_category, log=job.log))
+        heldout_seqs = spec_bench_heldout(job.target, cfg.heldout_per_category, log=job.log)
+        heldout = scored_batches(heldout_seqs, index, cfg.tokens_per_batch)
 
     def epoch_batches(epoch: int) -> list[list[Sequence]]:
         return batches_of(train_seqs, cfg.tokens_per_batch, random.Random(cfg.loop.seed * 1000 + epoch))
