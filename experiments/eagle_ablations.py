@@ -28,6 +28,7 @@ from pathlib import Path
 from mtp_viz.paths import REPO, cache_root
 
 SHIPPED = REPO / "assets" / "eagle3" / "smollm2-135m-eagle3"
+BASE = ["--no-norm-before-fc", "--vocab-from", "all"]  # the recipe the ablations changed (its defaults since)
 VARIANTS = {
     "base": [],
     "norm_before_fc": ["--norm-before-fc"],
@@ -37,6 +38,8 @@ VARIANTS = {
     "vocab_answers": ["--vocab-from", "answers"],
     "from_shipped": ["--start-from", str(SHIPPED)],  # the drafter we ship, trained further on the corpus
     "ttt_5": ["--ttt-steps", "5"],  # the training-time test unrolled 5 steps instead of the recipe's 3
+    # the shipped drafter given norm_before_fc's norm (scaled to its features' median) and trained on
+    "from_shipped_norm": ["--start-from", str(SHIPPED), "--norm-before-fc"],
 }
 COLUMNS = (
     "val_top1_step1",
@@ -75,7 +78,7 @@ def main() -> None:
             started = time.perf_counter()
             command = [sys.executable, "-m", "mtp_viz", "train", "eagle", "--data", str(args.store), "--out", str(out)]
             command += ["--steps", str(args.steps), "--epochs", "50", "--schedule", "wsd", "--resume"]
-            command += ["--ttt-steps", str(args.ttt_steps), *VARIANTS[name]]  # a variant's own flags win
+            command += ["--ttt-steps", str(args.ttt_steps), *BASE, *VARIANTS[name]]  # a variant's own flags win
             command += ["--model", args.model] if args.model else []
             print(f"== {name}: {' '.join(command[3:])}", flush=True)
             subprocess.run(command, check=True, cwd=REPO)

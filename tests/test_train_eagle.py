@@ -10,14 +10,23 @@ import torch
 from conftest import save_tiny_dir, tiny_model
 
 from mtp_viz.__main__ import main
-from mtp_viz.drafters.eagle3 import load_eagle3
+from mtp_viz.drafters.eagle3 import load_eagle3, save_eagle3
 from mtp_viz.loading import load_model
 from mtp_viz.runner import RunRequest, run
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.training import eagle_examples
 from mtp_viz.training.data import Sequence
 from mtp_viz.training.draft import batches_of
-from mtp_viz.training.eagle import EagleTrainConfig, Example, agreement, build_drafter, collate, losses, vocab_tokens
+from mtp_viz.training.eagle import (
+    EagleTrainConfig,
+    Example,
+    add_input_norm,
+    agreement,
+    build_drafter,
+    collate,
+    losses,
+    vocab_tokens,
+)
 from mtp_viz.training.eagle_unroll import chain_bases, step_labels, unroll
 
 
@@ -209,6 +218,29 @@ def test_losses_fall_on_a_batch_it_trains_on():
     assert float(loss.detach()) < 0.5 * float(first.detach())
 
 
+@torch.no_grad()
+def test_an_input_norm_added_to_a_trained_drafter_keeps_its_fused_input_at_the_median_scale(tmp_path):
+    """norm_before_fc given to a drafter trained without it: at a position of the median scale the
+    fused input is what it was; elsewhere it is that input rescaled to the median (the norm's
+    point); padding (zeros) does not count; the flag and the weight survive a save and a load."""
+    target, drafter = _drafter()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, drafter.config.fc_input_size, generator=g) * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])[:, None]
+    rms = x.pow(2).mean(-1).sqrt()
+    before = drafter.fuse(x)
+    add_input_norm(drafter, torch.cat([x, torch.zeros(3, x.shape[1])])[None])  # (1, 8, F): 3 padded rows
+    assert drafter.config.norm_before_fc and float(drafter.input_norm.weight[0]) == pytest.approx(float(rms.median()))
+    after = drafter.fuse(x)
+    mid = int(rms.argsort()[2])
+    torch.testing.assert_close(after[mid], before[mid], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(after, before * (rms.median() / rms)[:, None], rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(after[0], before[0], rtol=1e-2)
+    save_eagle3(drafter, tmp_path / "d")
+    loaded = load_eagle3(tmp_path / "d", embed=target.get_input_embeddings())
+    assert loaded.config.norm_before_fc
+    torch.testing.assert_close(loaded.fuse(x), after)
+
+
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     return save_tiny_dir(tmp_path_factory.mktemp("tiny-eagle") / "target", model_name="llama-3l-mha")
@@ -257,19 +289,37 @@ def test_train_eagle_end_to_end_and_resume(tiny_dir, tmp_path, capsys):
     assert (out / "model.safetensors").read_bytes() == weights
 
 
-def test_ablation_settings_reach_the_drafter(tiny_dir, tmp_path):
-    """--norm-before-fc builds the drafter with the feature norm (saved in its config); --vocab-from
-    answers counts the vocabulary over answer tokens and the target's answer-position argmaxes only;
-    the report says how much of the held-out answers' target tokens the vocabulary holds."""
+def test_ablation_settings_reach_the_drafter(tiny_dir, tmp_path, capsys):
+    """A fresh drafter has the feature norm (saved in its config) and counts its vocabulary over answer
+    tokens and the target's answer-position argmaxes only (the ablations' winners, the defaults);
+    --no-norm-before-fc and --vocab-from all build one without; the report says how much of the
+    held-out answers' target tokens the vocabulary holds."""
     data, out = tmp_path / "data", tmp_path / "eagle"
     common = ["--model", str(tiny_dir), "--data", str(data)]
     assert main(["train", "data", *common, "--instructions", "8", "--self-instruct", "0", "--contexts", "0"]) == 0
     args = ["train", "eagle", *common, "--out", str(out), "--ttt-steps", "2", "--epochs", "1", "--heldout", "1"]
-    assert main([*args, "--norm-before-fc", "--vocab-from", "answers", "--aux-layers", "0,1,2"]) == 0
+    assert main([*args, "--aux-layers", "0,1,2"]) == 0
     config = json.loads((out / "config.json").read_text())
     assert config["eagle_config"]["norm_before_fc"] is True
     report = json.loads((out / "training.json").read_text())
     assert report["config"]["vocab_from"] == "answers" and 0.0 <= report["heldout_vocab_coverage"] <= 1.0
+    # from a drafter trained without it, the flag gives it the norm (scaled to its features) and trains on
+    plain, normed = tmp_path / "plain", tmp_path / "normed"
+    plain_flags = ["--ttt-steps", "2", "--epochs", "1", "--no-norm-before-fc", "--vocab-from", "all"]
+    assert main(["train", "eagle", *common, "--out", str(plain), *plain_flags]) == 0
+    assert json.loads((plain / "config.json").read_text())["eagle_config"]["norm_before_fc"] is False
+    assert json.loads((plain / "training.json").read_text())["config"]["vocab_from"] == "all"
+    keeps = tmp_path / "keeps"  # from a drafter without it, and no flag: it stays without
+    assert main(["train", "eagle", *common, "--out", str(keeps), "--ttt-steps", "2", "--start-from", str(plain)]) == 0
+    assert json.loads((keeps / "config.json").read_text())["eagle_config"]["norm_before_fc"] is False
+    again = ["train", "eagle", *common, "--out", str(normed), "--ttt-steps", "2", "--epochs", "1"]
+    assert main([*again, "--start-from", str(plain), "--norm-before-fc"]) == 0
+    assert json.loads((normed / "config.json").read_text())["eagle_config"]["norm_before_fc"] is True
+    target = load_model(str(tiny_dir))
+    drafter = load_eagle3(normed, embed=target.model.get_input_embeddings())
+    assert drafter.config.norm_before_fc and drafter.input_norm.weight.shape == (drafter.config.fc_input_size,)
+    captured = capsys.readouterr()
+    assert "an input norm added before fc" in captured.out + captured.err
     s = Sequence(torch.tensor([5, 6, 7, 8], dtype=torch.int32), 2, None, torch.tensor([9, 10, 11]), None, None)
     assert vocab_tokens(s, "answers").tolist() == [7, 8, 10, 11] and len(vocab_tokens(s, "all")) == 7
 

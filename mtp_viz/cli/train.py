@@ -86,8 +86,13 @@ def add(sub) -> None:
     t.add_argument("--start-from", type=Path, help="draft/heads/mtp: continue training these saved weights")
     for option, text in TUNING.items():
         t.add_argument(option, type=TYPES.get(option, int), help=text)
-    t.add_argument("--norm-before-fc", action="store_true", help="eagle: an RMSNorm over the fused features")
-    t.add_argument("--vocab-from", choices=("all", "answers"), help="eagle: count the draft vocabulary over")
+    t.add_argument(
+        "--norm-before-fc",
+        action=argparse.BooleanOptionalAction,
+        help="eagle: an RMSNorm over the fused features (default: a fresh drafter has it, --start-from's its own)",
+    )
+    vocab_help = "eagle: count the draft vocabulary over (default: answers)"
+    t.add_argument("--vocab-from", choices=("all", "answers"), help=vocab_help)
     t.add_argument("--device", default="cpu")
     t.add_argument("--engine", choices=ENGINES, default=AUTO, help="corpus: who answers (auto: vLLM where installed)")
     t.add_argument("--vllm-url", help="corpus: the vLLM server already running there answers")
@@ -116,7 +121,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.what == "eagle":
         named = given(args, "ttt_steps", "vocab_from", "frozen_head_steps", reduced_vocab="vocab")
         named |= given(args, "prompt_weight", heldout_per_category="heldout", regression_weight="regression")
-        named |= {"norm_before_fc": True} if args.norm_before_fc else {}
+        named |= given(args, "norm_before_fc")
         eagle_cfg = EagleTrainConfig(**named, aux_layers=aux_layers(args))
         eagle_loop = replace(eagle_cfg.loop, seed=args.seed, **loop, **budget)
         eagle_cfg = replace(eagle_cfg, loop=eagle_loop)

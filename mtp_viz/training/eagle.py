@@ -80,6 +80,21 @@ def build_drafter(
     return drafter
 
 
+def add_input_norm(drafter: Eagle3Drafter, features: torch.Tensor) -> None:
+    """Give a drafter trained without it an RMSNorm over its concatenated features (`norm_before_fc`),
+    its weight the median root-mean-square of `features` (…, fc_input_size): the fused input keeps its
+    typical scale, so the drafter starts where it was rather than from a rescaled residual stream
+    (exact only where a position's scale is the median; fine-tuning takes up the rest)."""
+    x = features.reshape(-1, features.shape[-1]).float()
+    x = x[x.abs().sum(-1) > 0]  # padded positions hold zeros
+    scale = float(x.pow(2).mean(-1).sqrt().median()) if len(x) else 1.0
+    c = drafter.config = replace(drafter.config, norm_before_fc=True)
+    norm = torch.nn.RMSNorm(c.fc_input_size, eps=c.rms_norm_eps).to(drafter.fc.weight.device, drafter.fc.weight.dtype)
+    with torch.no_grad():
+        norm.weight.fill_(scale)
+    drafter.input_norm = norm
+
+
 def trained_parameters(drafter: Eagle3Drafter) -> dict[str, torch.nn.Parameter]:
     """Everything but the shared embedding."""
     return {n: p for n, p in drafter.named_parameters() if not n.startswith("embed_tokens.")}
@@ -160,6 +175,7 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
     if job.start_from is not None or restart is not None:  # trained weights, or a run's as saved (restart)
         drafter = load_eagle3(job.start_from or job.out, embed=model.get_input_embeddings())
         layers = drafter.config.aux_layer_ids
+        add_norm = restart is None and cfg.norm_before_fc is True and not drafter.config.norm_before_fc
     else:
         eos = sorted(job.target.eos_token_ids)
         if records is not None:
@@ -171,7 +187,8 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
                 seqs = load_sequences(job.data, cfg.holdout_every, holdout=False, hidden=False)
             ids = (vocab_tokens(s, cfg.vocab_from) for s in seqs)
         vocab = frequent_tokens(ids, cfg.reduced_vocab, always=eos)
-        drafter = build_drafter(model, layers, vocab, cfg.norm_before_fc)
+        drafter = build_drafter(model, layers, vocab, cfg.norm_before_fc is not False)
+        add_norm = False
     drafter.to(model.get_input_embeddings().weight.device).train()  # the target's device (--device)
     index = drafter.to_draft_index().cpu()  # examples are made on the CPU, batches moved as they are used
     if store is not None or records is not None:  # a corpus's feature store or the corpus: its split
@@ -190,6 +207,10 @@ def train_eagle(job: TrainJob, cfg: EagleTrainConfig) -> dict:
         folder = cache_features(model, job.data, layers, job.log)
         train_exs = examples(job.data, folder, index, cfg, holdout=False)
         val_exs = examples(job.data, folder, index, cfg, holdout=True)
+    if add_norm:  # a trained drafter given the ablation's norm: scaled to the features it has read
+        group = sorted(train_exs, key=lambda e: len(e.tokens))[:: max(1, len(train_exs) // 16)][:16]
+        add_input_norm(drafter, collate(group)["features"])
+        job.log(f"eagle: an input norm added before fc, scaled {drafter.input_norm.weight[0].item():.3g}")
     params = trained_parameters(drafter)
     heldout, coverage = [], None
     if cfg.heldout_per_category:

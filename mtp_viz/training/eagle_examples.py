@@ -41,10 +41,12 @@ class EagleTrainConfig:
     prompt_weight: float = 0.0  # 0: only chains from a prompt's end on are computed (the shipped drafter: 0.2)
     holdout_every: int = 20
     heldout_per_category: int = PER_CATEGORY  # Spec-Bench answers scored at every validation (0: none)
-    norm_before_fc: bool = False  # an RMSNorm over the concatenated features before `fc` (an ablation)
+    # an RMSNorm over the concatenated features before `fc`: None, a fresh drafter has it (it won the
+    # ablations, docs/training.md) and a trained one (--start-from) keeps its own; True adds it to one
+    norm_before_fc: bool | None = None
     regression_weight: float = 0.0  # smooth-L1 of each step's normed state to the target's (EAGLE-1's term)
     frozen_head_steps: int = 0  # the head (initialised from the target's rows) frozen for this many steps
-    vocab_from: str = "all"  # the draft vocabulary from every token (all) or the answers' only (answers)
+    vocab_from: str = "answers"  # the draft vocabulary from the answers' tokens (the ablations' winner) or all
     val_tokens: int = 65536  # a store's validation side scored at every evaluation: sequences spread over it
     loop: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=4, lr=5e-4, eval_every=100))
 
