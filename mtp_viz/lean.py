@@ -226,9 +226,11 @@ class LeanModel:
         segments between the taps over the same mask and cache: each row as untapped, bit for bit."""
         s, end = hidden.shape[0], start + hidden.shape[0]
         adapted = self.adapters_on()
-        if self.compiled and self.static is not None and not adapted and self.static.fits(s):
+        static_fits = self.compiled and self.static is not None and self.static.fits(s)
+        if static_fits and (not adapted or self.static.adapted_ready()):
             kv.ensure(end)  # every row exact by construction (mtp_viz.static), prompt rows included
-            return self.static.run(hidden, positions, kv, start, allowed, *(layers or (0, len(self.blocks))), taps)
+            first_last = layers or (0, len(self.blocks))
+            return self.static.run(hidden, positions, kv, start, allowed, *first_last, taps, adapted)
         exact = exact_from is not None and not (self.compiled and self.graph is not None)
         if exact and start < exact_from < end:  # the prompt's prefill first, batched
             m = exact_from - start
@@ -292,12 +294,14 @@ class LeanModel:
             return False
         return self.gate is None or bool(self.gate.load().any())
 
-    def compile(self) -> float:
+    def compile(self, build_adapted: bool = True) -> float:
         """Compile the forward once per model and process: on a CPU the static layer graph
         (mtp_viz.static: compiled ahead of time once per machine, then loaded from the cache), on a
         GPU the layer loop under torch.compile and CUDA graphs, both shape families (one token;
         several) run once on a scratch cache. Returns the seconds it took; CompileUnavailable (eager
-        stays in use) when it cannot work here."""
+        stays in use) when it cannot work here. build_adapted: on a CPU, build the adapted graph of a
+        model with LoRA adapters now (else its forwards with adapters on stay eager until a build
+        elsewhere leaves it in the cache)."""
         if self.static is not None or self.graph is not None:
             self.compiled = True
             return 0.0
@@ -305,7 +309,7 @@ class LeanModel:
             raise CompileUnavailable(reason)
         if self.device.type == "cpu":
             try:
-                self.static = static.load_or_compile(self)
+                self.static = static.load_or_compile(self, build_adapted)
             except Exception as e:  # no kernels, an unsupported model, a toolchain piece missing: said, not hidden
                 raise CompileUnavailable(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
             self.compiled = True

@@ -17,8 +17,11 @@ Every row is what a one-token forward at its position computes, bit for bit, com
 - attention (mtp_viz.native's `attend`) takes each row's visible slots in order (`idx`, `counts`)
   and computes each head of each row alone, so a verify row, a tree node and a one-token forward at
   the same position attend over the same keys in the same order by the same instructions.
-Which models: those the lean forward runs, in fp32 or q4, without LoRA adapters switched on
-(`unsupported` says why not); the rest keeps the eager forward.
+Which models: those the lean forward runs, in fp32 or q4 (`pack` says why not); the rest keeps the
+eager forward. A model with LoRA adapters (the mask-token MTP view) gets a second graph with the
+adapters' terms stacked on each product, x·Aᵀ times the forward's mask gate, then ·Bᵀ, added: a row
+the gate closes adds an exact zero, so its result is the plain graph's, bit for bit, and the mask
+rows a verify carries no longer send the whole forward to the eager path.
 """
 
 import fcntl
@@ -28,7 +31,7 @@ import os
 import sys
 import time
 import weakref
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -42,13 +45,14 @@ from mtp_viz.kv_slots import StaticKV
 from mtp_viz.machine import machine_key
 from mtp_viz.measured import fingerprint
 from mtp_viz.paths import build_root
-from mtp_viz.projections import FusedLinear, base_linear
+from mtp_viz.projections import FusedLinear, StackedLoRA, base_linear
 
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 64  # a forward of more rows (a long prompt's prefill) runs eager
 PACKAGE_VERSION = 1
 EXAMPLE = {"rows": 3, "width": 200, "capacity": 512}  # shapes traced (all symbolic)
+NAMES = ("qkv", "o", "gate_up", "down")  # a layer's projections, in the graph's order
 
 
 class CompileUnavailable(RuntimeError):
@@ -67,6 +71,10 @@ class LayerConfig:
     eps: float
     scaling: float
     fmt: str  # fp32 | q4
+    lora: tuple[int, ...] = ()  # the adapted graph: Σr of each projection's stacked LoRA (q|k|v, o, gate|up, down)
+
+    def __post_init__(self):  # a list from JSON (the build process's argument) keys as the tuple does
+        object.__setattr__(self, "lora", tuple(self.lora))
 
     def key(self) -> str:
         return fingerprint(repr(sorted(asdict(self).items())))
@@ -97,21 +105,32 @@ class LayerGraph(nn.Module):
     def forward(self, hidden, cos, sin, slots, idx, counts, keys, values, attn_norm, mlp_norm, qkv_bias, *weights):
         """hidden (S, H); cos, sin (S, d); slots (S,) where the rows' keys go; idx (S, W), counts (S,):
         each row's visible slots in order, the first counts[s] of row s; keys, values (kv_heads,
-        capacity, d), written at `slots`. Returns hidden (S, H)."""
+        capacity, d), written at `slots`; weights: each projection's packed tensors, then, in the
+        adapted graph, the gate (S, 1) and each projection's Aᵀ (in, Σr) and Bᵀ (Σr, out). Returns
+        hidden (S, H)."""
         c, n = self.config, self.parts
         qkv_w, o_w, gate_up_w, down_w = (tuple(weights[i * n : (i + 1) * n]) for i in range(4))
+        lora = weights[4 * n :]
+
+        def project(i: int, x: torch.Tensor, packed: tuple[torch.Tensor, ...]) -> torch.Tensor:
+            out = product(c.fmt, x, packed)
+            if not c.lora:
+                return out
+            gate, a, b = lora[0], lora[1 + 2 * i], lora[2 + 2 * i]
+            return out + torch.mm(torch.mm(x, a) * gate, b)  # a closed row: + exactly 0
+
         s, q_size, kv_size = hidden.shape[0], c.heads * c.head_dim, c.kv_heads * c.head_dim
         x = F.rms_norm(hidden, (c.hidden,), attn_norm, c.eps)
-        q, k, v = (product(c.fmt, x, qkv_w) + qkv_bias).split((q_size, kv_size, kv_size), dim=-1)
+        q, k, v = (project(0, x, qkv_w) + qkv_bias).split((q_size, kv_size, kv_size), dim=-1)
         q = rotate(q.view(s, c.heads, c.head_dim).transpose(0, 1), cos, sin)  # (h, S, d)
         keys.index_copy_(1, slots, rotate(k.view(s, c.kv_heads, c.head_dim).transpose(0, 1), cos, sin))
         values.index_copy_(1, slots, v.view(s, c.kv_heads, c.head_dim).transpose(0, 1))
         out = torch.ops.mtp_viz.attend(q, keys, values, idx, counts, c.scaling)  # (h, S, d)
         out = out.transpose(0, 1).reshape(s, q_size)
-        hidden = hidden + product(c.fmt, out, o_w)
+        hidden = hidden + project(1, out, o_w)
         x = F.rms_norm(hidden, (c.hidden,), mlp_norm, c.eps)
-        gate, up = product(c.fmt, x, gate_up_w).chunk(2, dim=-1)
-        return hidden + product(c.fmt, F.silu(gate) * up, down_w)
+        gate, up = project(2, x, gate_up_w).chunk(2, dim=-1)
+        return hidden + project(3, F.silu(gate) * up, down_w)
 
 
 def _weights(p, fmt: str) -> tuple[torch.Tensor, ...] | None:
@@ -140,11 +159,13 @@ class Layer:
     mlp_norm: torch.Tensor
     qkv_bias: torch.Tensor
     products: tuple[torch.Tensor, ...]
+    lora: tuple[torch.Tensor, ...] = ()  # the adapted graph's: each projection's Aᵀ and Bᵀ, in turn
 
 
-def pack(lean) -> tuple[LayerConfig, list[Layer]] | str:
+def pack(lean, adapted: bool = False) -> tuple[LayerConfig, list[Layer]] | str:
     """The lean model's layers as the graph reads them (views of the model's own tensors: nothing
-    copied but the norms' float32 form), or why the static forward cannot run it."""
+    copied but the norms' float32 form), or why the static forward cannot run it. adapted: its
+    blocks with the LoRA terms stacked on (`lean.adapted`), for the adapted graph."""
     if lean.device.type != "cpu" or lean.dtype != torch.float32:
         return "the static forward runs float32 models on a CPU"
     if reason := native.unavailable():
@@ -169,11 +190,24 @@ def pack(lean) -> tuple[LayerConfig, list[Layer]] | str:
         scaling=float(first.scaling),
         fmt=fmt,
     )
+    if adapted:
+        if lean.adapted is None:
+            return "it has no LoRA adapters"
+        stacks = [[getattr(b.proj, name) for name in NAMES] for b in lean.adapted]
+        if not all(isinstance(p, StackedLoRA) for stack in stacks for p in stack):
+            return "not every projection of every layer has one plain LoRA adapter"
+        ranks = tuple(p.a.shape[1] for p in stacks[0])
+        if any(tuple(p.a.shape[1] for p in stack) != ranks for stack in stacks):
+            return "its layers' LoRA ranks differ"
+        config = replace(config, lora=ranks)
     layers = []
-    for block in lean.blocks:
-        parts = [_weights(getattr(block.proj, name), fmt) for name in ("qkv", "o", "gate_up", "down")]
+    for i, block in enumerate(lean.blocks):
+        parts = [_weights(getattr(block.proj, name), fmt) for name in NAMES]
         if any(p is None for p in parts):
             return "its products are not fused plain ones (adapters, or a format without our kernels)"
+        lora = tuple(t for p in stacks[i] for t in (p.a, p.b)) if adapted else ()
+        if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in lora):
+            return "its LoRA adapters are not float32 on the CPU"
         bias = _qkv_bias(block.proj.qkv)
         q_rows = config.heads * config.head_dim + 2 * config.kv_heads * config.head_dim
         layers.append(
@@ -182,6 +216,7 @@ def pack(lean) -> tuple[LayerConfig, list[Layer]] | str:
                 block.mlp_norm.weight.detach().float(),
                 bias if bias is not None else torch.zeros(q_rows),
                 tuple(t for part in parts for t in part),
+                lora,
             )
         )
     return config, layers
@@ -199,16 +234,38 @@ def attention_inputs(allowed: torch.Tensor | None, start: int, rows: int) -> tup
     return order[:, : int(counts.max())].contiguous(), counts
 
 
+@dataclass
+class Adapted:
+    """The adapted graph of a model with LoRA adapters: its config and layers, and its package once
+    loaded (`StaticForward.adapted_ready`)."""
+
+    config: LayerConfig
+    layers: list[Layer]
+    runner: object = None
+
+
 class StaticForward:
     """A lean model's layers run by the compiled layer graph (`load_or_compile`)."""
 
-    def __init__(self, lean, config: LayerConfig, layers: list[Layer], runner, seconds: float, built: bool):
+    def __init__(
+        self, lean, config: LayerConfig, layers: list[Layer], runner, seconds: float, built: bool, adapted=None
+    ):
         self.lean, self.config, self.layers, self.runner = lean, config, layers, runner
         self.seconds, self.built = seconds, built  # what getting the package cost, and whether it was compiled now
+        self.adapted: Adapted | None = adapted
         self._views: tuple[weakref.ref, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     def fits(self, rows: int) -> bool:
         return 1 <= rows <= MAX_ROWS
+
+    def adapted_ready(self) -> bool:
+        """Whether the forwards with the adapters on can run here: the adapted graph's package
+        loaded, or loaded now once a build (in the background, say) has left it in the cache."""
+        if self.adapted is None:
+            return False
+        if self.adapted.runner is None and ready(self.adapted.config):
+            self.adapted.runner = torch._inductor.aoti_load_package(str(package_path(self.adapted.config)))
+        return self.adapted.runner is not None
 
     def views(self, kv: StaticKV) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each layer's keys and values (kv_heads, capacity, d) in the cache, made again for another
@@ -229,20 +286,27 @@ class StaticForward:
         first: int,
         last: int,
         taps: tuple[int, ...],
+        adapted: bool = False,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Layers first..last−1 on hidden (S, H) at `positions`, keys and values into slots
-        start..start+S−1; returns the hidden states after `last` and after each tap."""
+        start..start+S−1; returns the hidden states after `last` and after each tap. adapted: with
+        the LoRA terms, through the adapted graph (`adapted_ready` first), gated as the embedding
+        just marked the rows."""
         rows = hidden.shape[0]
         cos, sin = self.lean.rotary(positions)
         slots = torch.arange(start, start + rows)
         idx, counts = attention_inputs(allowed, start, rows)
         views = self.views(kv)
+        runner, layers, gate = self.runner, self.layers, ()
+        if adapted:
+            runner, layers = self.adapted.runner, self.adapted.layers
+            gate = (self.lean.gate.rows[:rows] if self.lean.gate is not None else torch.ones(rows, 1),)
         after = {first: hidden}
         for i in range(first, last):
-            layer = self.layers[i]
-            hidden = self.runner(
+            layer = layers[i]
+            hidden = runner(
                 hidden, cos, sin, slots, idx, counts, *views[i], layer.attn_norm, layer.mlp_norm, layer.qkv_bias,
-                *layer.products,
+                *layer.products, *gate, *layer.lora,
             )  # fmt: skip
             after[i + 1] = hidden
         return hidden, [after[k] for k in taps]
@@ -259,10 +323,11 @@ def _example(config: LayerConfig, layer: Layer) -> tuple:
     rows, width, capacity = EXAMPLE["rows"], EXAMPLE["width"], EXAMPLE["capacity"]
     positions = torch.arange(rows)
     cache = torch.zeros(config.kv_heads, capacity, config.head_dim)
+    gate = (torch.ones(rows, 1),) if config.lora else ()
     return (
         torch.zeros(rows, config.hidden), torch.ones(rows, config.head_dim), torch.zeros(rows, config.head_dim),
         positions, torch.arange(width).expand(rows, width).contiguous(), torch.full((rows,), width),
-        cache, cache.clone(), layer.attn_norm, layer.mlp_norm, layer.qkv_bias, *layer.products,
+        cache, cache.clone(), layer.attn_norm, layer.mlp_norm, layer.qkv_bias, *layer.products, *gate, *layer.lora,
     )  # fmt: skip
 
 
@@ -273,7 +338,9 @@ def _compile(config: LayerConfig, layer: Layer, path: Path) -> None:
     capacity = torch.export.Dim("capacity", min=2, max=2**22)
     example = _example(config, layer)
     dims = [{0: rows}, {0: rows}, {0: rows}, {0: rows}, {0: rows, 1: width}, {0: rows}]
-    dims += [{1: capacity}, {1: capacity}, None, None, None, (None,) * (len(example) - 11)]  # the last: *weights
+    products = len(layer.products)  # *weights: the products' tensors, then the gate (rows) and A, B of each
+    weights = (None,) * products + (({0: rows},) + (None,) * len(layer.lora) if config.lora else ())
+    dims += [{1: capacity}, {1: capacity}, None, None, None, weights]
     with torch.no_grad():
         program = torch.export.export(LayerGraph(config), example, dynamic_shapes=dims)
     partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.pt2")
@@ -294,7 +361,10 @@ def example_layer(config: LayerConfig) -> Layer:
         else:
             products.append(torch.zeros(n, k))
     norm = torch.ones(config.hidden)
-    return Layer(norm, norm.clone(), torch.zeros(q_rows), tuple(products))
+    lora = tuple(
+        t for (n, k), r in zip(shapes, config.lora, strict=False) for t in (torch.zeros(k, r), torch.zeros(r, n))
+    )
+    return Layer(norm, norm.clone(), torch.zeros(q_rows), tuple(products), lora)
 
 
 def ready(config: LayerConfig) -> bool:
@@ -319,9 +389,10 @@ def build(config: LayerConfig) -> bool:
         return True
 
 
-def load_or_compile(lean) -> StaticForward:
+def load_or_compile(lean, build_adapted: bool = True) -> StaticForward:
     """The lean model's static forward: its compiled layer read from the cache, or compiled now
-    (`build`). RuntimeError says why not."""
+    (`build`); with LoRA adapters the adapted graph too, built now if `build_adapted` (else used
+    once a build leaves it in the cache). RuntimeError says why not."""
     packed = pack(lean)
     if isinstance(packed, str):
         raise RuntimeError(packed)
@@ -329,7 +400,17 @@ def load_or_compile(lean) -> StaticForward:
     started = time.perf_counter()
     built = build(config)
     runner = torch._inductor.aoti_load_package(str(package_path(config)))
-    return StaticForward(lean, config, layers, runner, time.perf_counter() - started, built)
+    adapted = pack(lean, adapted=True) if lean.adapted is not None else None
+    if isinstance(adapted, str):
+        log.warning("the forwards with adapters on stay eager: %s", adapted)
+        adapted = None
+    elif adapted is not None:
+        adapted = Adapted(*adapted)
+        built = (build(adapted.config) if build_adapted else False) or built
+    forward = StaticForward(lean, config, layers, runner, 0.0, built, adapted)
+    forward.adapted_ready()
+    forward.seconds = time.perf_counter() - started
+    return forward
 
 
 if __name__ == "__main__":  # a build in a process of its own (mtp_viz.compiled_choice): LayerConfig JSON, threads

@@ -3,14 +3,16 @@ choice recorded once per machine and model shape; a model not built yet runs eag
 is what the process allows (none for a library caller, in the foreground for the CLI, in a process
 of its own for the app, stopped with it). Every choice decodes the same tokens."""
 
+import json
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
 from conftest import decode, running, tiny_model
 from optional import require
+from test_mask_mtp import V, random_adapter
 from torch._dynamo.utils import counters
 
 from mtp_viz import compiled_choice, measured, paths, static
@@ -97,6 +99,38 @@ def test_the_app_builds_in_a_process_of_its_own_and_stops_it(model, own_cache, m
     failed.wait(timeout=30)
     assert "exited with status 3" in prepare_engine([Loaded(model)], "auto")["compile_note"]  # said, not retried
     assert list(compiled_choice._building.values()) == [failed]
+
+
+def test_the_app_builds_the_adapted_graph_beside_and_uses_it_once_built(own_cache, monkeypatch):
+    """A mask-token view (LoRA adapters): its plain layer built, the app starts the adapted graph's
+    build in a process of its own and serves the forwards with mask rows eager meanwhile; once the
+    package is in the cache, the same engine loads and runs it (no restart), decoding the same."""
+    view = random_adapter(tiny_model("llama-2l", seed=0, vocab_size=V, initializer_range=0.4))
+    lean = lean_model(view)
+    plain, _ = static.pack(lean)
+    adapted, _ = static.pack(lean, adapted=True)
+    assert adapted.lora and adapted.key() != plain.key()
+    assert static.LayerConfig(**json.loads(json.dumps(asdict(adapted)))).key() == adapted.key()  # the build's argument
+    static.build(plain)
+    real_ready = static.ready
+    monkeypatch.setattr(static, "ready", lambda config: not config.lora and real_ready(config))
+    monkeypatch.setattr(
+        compiled_choice, "build_command", lambda config: [sys.executable, "-c", "import time; time.sleep(60)"]
+    )
+    compiled_choice.allow_builds(compiled_choice.BACKGROUND)
+    eager, _ = decode(view, "mask_spec", [3, 1, 5, 3, 1], GENERATION, mask_token_id=V, k=2)
+    try:
+        prepare_engine([Loaded(view)], "auto")
+        assert adapted.key() in compiled_choice._building  # built beside
+        lean.compile()
+        assert not lean.static.adapted_ready()  # not built: the mask rows' forwards stay eager
+        monkeypatch.setattr(static, "ready", real_ready)
+        static.build(adapted)  # what the build process leaves in the cache
+        assert lean.static.adapted_ready()
+        out, _ = decode(view, "mask_spec", [3, 1, 5, 3, 1], GENERATION, mask_token_id=V, k=2)
+        assert lean.compiled and out == eager
+    finally:
+        lean.decompile()
 
 
 def test_the_build_process_builds_the_layer_its_argument_names(model):

@@ -19,6 +19,7 @@ from mtp_viz.lean import MIN_CAPACITY, compile_unavailable, lean_model
 from mtp_viz.strategies.base import GenerationSettings
 from mtp_viz.strategies.mtp_heads import DEFAULT_TREE
 from mtp_viz.trace import VERDICT_ACCEPTED, VERDICT_REJECTED
+from mtp_viz.visibility import causal_after
 
 pytestmark = pytest.mark.slow  # each model's forward compiles once: ~30 s on two cores
 PROMPT = [5, 17, 3, 42, 9, 17, 3]
@@ -95,6 +96,42 @@ def test_mask_spec_compiled_equals_eager():
     assert out == eager == ar
     assert grew(steps)
     assert any(s.accepted for s in steps)  # the masks' guesses were verified, not only drafted
+
+
+@torch.no_grad()
+def test_the_adapted_graph_adds_the_adapter_on_mask_rows_and_leaves_real_rows_bit_exact():
+    """A forward carrying mask tokens runs the adapted graph (LoRA terms stacked on, gated): its real
+    rows are the plain graph's bit for bit (a closed gate adds an exact zero), its mask rows what
+    the eager forward computes with the adapter on (to rounding), and a mask_spec run goes through it."""
+    peaked = tiny_model("llama-2l", seed=0, vocab_size=V, initializer_range=0.4)
+    view = random_adapter(peaked)
+    lean = lean_model(view)
+    ids = torch.tensor([3, 1, 5, 3, V, V])
+
+    def forward(tokens: torch.Tensor) -> torch.Tensor:  # a prefill, as CachedModel runs one: causal
+        n = len(tokens)
+        return lean.run(lean.embed(tokens), list(range(n)), lean.new_cache(), 0, causal_after(0, n))
+
+    eager = forward(ids)
+    with compiled(view):
+        assert lean.static.adapted is not None and lean.static.adapted_ready()
+        calls = []
+        runner = lean.static.adapted.runner
+        lean.static.adapted.runner = lambda *args: calls.append(len(args)) or runner(*args)
+        masked, plain = forward(ids), forward(ids[:4])
+        assert calls, "the forward with mask rows did not run the adapted graph"
+        calls.clear()
+        forward(ids[:4])
+        assert not calls  # no mask token: the plain graph
+        out, _ = decode(view, "mask_spec", [3, 1, 5, 3, 1], GenerationSettings(max_new_tokens=12), mask_token_id=V, k=3)
+        assert calls
+    assert torch.equal(masked[:4], plain)
+    torch.testing.assert_close(masked[4:], eager[4:], rtol=1e-3, atol=1e-2)  # values in the hundreds
+    lean.adapters_on = lambda: False  # the same forward without the LoRA terms: far from it
+    try:
+        assert not torch.allclose(masked[4:], forward(ids)[4:], atol=1e-2)
+    finally:
+        del lean.adapters_on
 
 
 def test_the_layer_views_follow_each_new_cache_even_at_a_reused_id(monkeypatch):
