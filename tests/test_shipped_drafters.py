@@ -206,7 +206,8 @@ def test_shipped_eagle3_drafter_holds_its_floor_on_the_heldout_spec_bench_answer
     vocabulary a miss) on the fixed held-out set every drafter is judged on: the target's answers
     to 3 Spec-Bench prompts a category, 96 tokens (mtp_viz.training.heldout). Measured: step 1 / 2 /
     3 0.293 / 0.238 / 0.223 and 1.42 tokens per forward for a chain of 3 for the first drafter
-    shipped; 0.316 / 0.264 / 0.237 and 1.46 for the one trained further on the corpus
+    shipped; 0.316 / 0.264 / 0.237 and 1.46 for the one trained further on the corpus; 0.329 /
+    0.272 / 0.252 and 1.50 for that one trained 400 more steps on the store's 1,200-sequence share
     (docs/training.md); a drafter that ships must not fall below the floors (raise them with it)."""
     _, drafter = load_eagle3_for(target)
     seqs = spec_bench_heldout(target)
@@ -215,8 +216,8 @@ def test_shipped_eagle3_drafter_holds_its_floor_on_the_heldout_spec_bench_answer
     exs = sequence_examples(target.model, seqs, drafter.config.aux_layer_ids, drafter.to_draft_index(), cfg)
     got = agreement(drafter, exs, 3)
     print(got)
-    assert got["val_top1_step1"] >= 0.29 and got["val_top1_step3"] >= 0.21, got
-    assert got["val_mean_accepted_tokens"] >= 1.40, got
+    assert got["val_top1_step1"] >= 0.32 and got["val_top1_step3"] >= 0.245, got
+    assert got["val_mean_accepted_tokens"] >= 1.48, got
 
 
 def test_shipped_heads_hold_their_floor_on_the_heldout_spec_bench_answers(target):

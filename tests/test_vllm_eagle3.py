@@ -61,8 +61,8 @@ def vllm_tiny(tmp_path, monkeypatch):
 
 
 def random_eagle3(target_dir: str, aux_layer_ids: tuple[int, ...], draft_vocab: int) -> Eagle3Drafter:
-    """Seeded random EAGLE-3 weights in the target's shapes, its draft vocabulary every
-    (V / draft_vocab)-th target id."""
+    """Seeded random EAGLE-3 weights in the target's shapes, with the norm before `fc`, its draft
+    vocabulary every (V / draft_vocab)-th target id."""
     c = json.loads((Path(target_dir) / "config.json").read_text())
     heads = c["num_attention_heads"]
     config = Eagle3Config(
@@ -77,6 +77,7 @@ def random_eagle3(target_dir: str, aux_layer_ids: tuple[int, ...], draft_vocab: 
         vocab_size=c["vocab_size"],
         draft_vocab_size=draft_vocab,
         aux_layer_ids=aux_layer_ids,
+        norm_before_fc=True,  # what `train eagle` gives a fresh drafter: vLLM reads it as `input_norm`
     )
     torch.manual_seed(0)
     drafter = Eagle3Drafter(config)
