@@ -15,7 +15,7 @@ from mtp_viz.ui.trace_files import MAX_TRACE_BYTES
 REQUIRED = ("category", "strategy", "tokens_per_s", "speedup", "mean_accepted_tokens", "agreement")
 # what the Benchmark, Deploy? and Theory tabs open first: the embedded model as the engine runs it
 # by default on a CPU (weights auto: q4 on this project's machines), with every drafter it ships
-# (Spec-Bench 13 x 128 on an Intel Xeon, 2026-12-07; docs/BENCHMARKS.md)
+# (Spec-Bench 13 x 128 on an Intel Xeon, 2026-12-08; docs/BENCHMARKS.md)
 FIRST_RESULTS = "cpu-smollm2-135m-q4-xeon"
 FIRST_PROFILE = "profile-smollm2-135m-cpu-q4"
 
