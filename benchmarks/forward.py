@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 from engine import PROMPTS, agreement, interleaved
 
-from mtp_viz import native, static
+from mtp_viz import native, static, static_graph
 from mtp_viz.cache import CachedModel
 from mtp_viz.clock import Clock
 from mtp_viz.lean import CompileUnavailable, LeanModel, lean_model
@@ -231,7 +231,7 @@ def eager_products(lean: LeanModel, config) -> Callable[[], None]:
 
 
 def compiled_products(lean: LeanModel, config) -> Callable[[], None]:
-    """The same products on the static forward's packed weights, by our kernels (mtp_viz.static.product)."""
+    """The same products on the static forward's packed weights, by our kernels (mtp_viz.static_graph.product)."""
     x, attended, mid = inputs(lean, config)
     fmt = lean.static.config.fmt
     calls = []
@@ -242,7 +242,7 @@ def compiled_products(lean: LeanModel, config) -> Callable[[], None]:
 
     def products() -> None:
         for activations, weights in calls:
-            static.product(fmt, activations, weights)
+            static_graph.product(fmt, activations, weights)
 
     return products
 

@@ -24,7 +24,7 @@ LAYERS = (
     (
         "engine",
         "cache cuda_graphs drafters format_linear gguf_codes kernel_plan kv_slots lean projections quant registry "
-        "row_plan static weights",
+        "row_plan static static_graph weights",
     ),
     (
         "foundation",
