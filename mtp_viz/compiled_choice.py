@@ -72,9 +72,9 @@ def choose(lean, model) -> tuple[bool, str]:
         if _builds == BACKGROUND:
             return False, start_background_build(config)
         log.warning("building the compiled engine for this machine once (about a minute; later starts load it)")
-    adapted = static.pack(lean, adapted=True) if lean.adapted is not None else None
     build_adapted = _builds != BACKGROUND  # in the app: built beside, used once there (a mask-token view)
-    if not build_adapted and not isinstance(adapted, str | None) and not static.ready(adapted[0]):
+    adapted = static.pack(lean, adapted=True) if not build_adapted and lean.adapted is not None else None
+    if isinstance(adapted, tuple) and not static.ready(adapted[0]):
         start_background_build(adapted[0])
     if record is None:
         lean.compile(build_adapted)
